@@ -1,0 +1,29 @@
+# The README's commands. Everything installs itself on a fresh Debian machine (run as root).
+PY := .venv/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint bench reliability install clean
+
+setup:
+	./scripts/setup.sh
+
+demo: setup
+	$(PY) -m cni.cli demo
+
+test: setup
+	./scripts/test.sh $(PYTEST_ARGS)
+
+lint: setup
+	.venv/bin/ruff check cni tests integration bench
+
+bench: setup
+	$(PY) bench/run.py
+
+reliability: setup
+	PYCNI_LONG=1 ./scripts/test.sh -m slow tests/reliability
+
+install: setup
+	$(PY) -m cni.cli install
+
+clean:
+	rm -rf .venv build *.egg-info

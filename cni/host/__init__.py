@@ -1,0 +1,1 @@
+"""Everything that touches the kernel: small functions, no CNI knowledge."""

@@ -1,0 +1,36 @@
+"""loopback: bring `lo` up in the container, as the reference plugin does."""
+
+from __future__ import annotations
+
+from cni.host import links
+from cni.host.netns import NetnsMissing
+from cni.skel import Request
+from cni.spec.errors import CNIError, Code
+from cni.spec.result import Result
+
+
+def add(req: Request) -> Result:
+    addresses = links.set_loopback(req.netns_target, up=True)
+    if req.prev_result is not None:
+        return req.prev_result  # chained: pass the previous result through untouched
+    return {
+        "cniVersion": req.version,
+        "interfaces": [{"name": "lo", "mac": "00:00:00:00:00:00", "sandbox": req.netns}],
+        "ips": [{"interface": 0, "address": a} for a in addresses],
+        "routes": [],
+        "dns": {},
+    }
+
+
+def delete(req: Request) -> None:
+    if not req.netns and req.netns_fd is None:
+        return
+    try:
+        links.set_loopback(req.netns_target, up=False)
+    except NetnsMissing:
+        pass  # the namespace is gone, and so is its lo
+
+
+def check(req: Request) -> None:
+    if not links.loopback_is_up(req.netns_target):
+        raise CNIError(Code.INTERNAL, "loopback interface is down")

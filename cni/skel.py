@@ -1,0 +1,246 @@
+"""Plugin dispatch: (plugin, env, stdin, netns) -> Reply.
+
+`run` is pure: it reads no os.environ, prints nothing, never exits. The exec'd binary and the
+daemon's forked child both call it, so both paths answer byte for byte the same. Only the stdlib
+is imported here; a plugin's own (heavy) module is imported after VERSION has been answered.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cni import __version__
+from cni.spec import version as versions
+from cni.spec.errors import CNIError, Code
+
+COMMANDS = ("ADD", "CHECK", "DEL", "GC", "STATUS", "VERSION")
+# Which CNI_* variables each command requires (the reference skel's table).
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "CNI_CONTAINERID": ("ADD", "CHECK", "DEL"),
+    "CNI_NETNS": ("ADD", "CHECK"),
+    "CNI_IFNAME": ("ADD", "CHECK", "DEL"),
+    "CNI_PATH": ("ADD", "CHECK", "DEL", "GC", "STATUS"),
+}
+_ID_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
+MAX_STDIN = 16 * 1024 * 1024
+
+
+@dataclass
+class Reply:
+    stdout: bytes
+    stderr: bytes
+    code: int
+
+    def to_dict(self) -> dict:
+        return {"stdout": self.stdout.decode("utf-8", "replace"),
+                "stderr": self.stderr.decode("utf-8", "replace"), "code": self.code}
+
+
+@dataclass
+class Request:
+    """One plugin invocation, validated: what a plugin's verb functions receive."""
+
+    plugin: str
+    command: str
+    container_id: str
+    netns: str
+    ifname: str
+    args: list[tuple[str, str]]
+    path: list[str]
+    config: dict[str, Any]
+    version: str
+    stdin: bytes
+    env: Mapping[str, str]
+    netns_fd: int | None = None
+    prev_result: dict | None = None
+    log: Callable[[str], None] = field(default=lambda msg: None)
+
+    @property
+    def network(self) -> str:
+        return self.config.get("name", "")
+
+    @property
+    def runtime_config(self) -> dict[str, Any]:
+        value = self.config.get("runtimeConfig")
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def netns_target(self) -> int | str:
+        """What to open for the container's namespace: the fd handed over, else the path."""
+        return self.netns_fd if self.netns_fd is not None else self.netns
+
+    def arg(self, key: str) -> str | None:
+        return next((v for k, v in self.args if k == key), None)
+
+
+def run(plugin: str, env: Mapping[str, str], stdin: bytes, netns: int | None = None) -> Reply:
+    """Run one CNI command of `plugin` and return what the executable prints and its exit code."""
+    err = io.StringIO()
+    version = versions.CURRENT
+    try:
+        command = env.get("CNI_COMMAND", "")
+        if command == "":
+            err.write(about(plugin))
+            return Reply(b"", err.getvalue().encode(), 0)
+        if command not in COMMANDS:
+            raise CNIError(Code.INVALID_ENV, f"unknown CNI_COMMAND: {command}")
+        if command == "VERSION":
+            return Reply(version_info(plugin, stdin).encode(), b"", 0)
+        _check_env(command, env)
+        config = decode_config(stdin)
+        version = config.get("cniVersion") or versions.DEFAULT_IF_MISSING
+        if not isinstance(version, str):
+            version = versions.CURRENT
+            raise CNIError(Code.DECODING_FAILURE, "cniVersion must be a string")
+        versions.require_supported(version, supported(plugin))
+        _gate(command, version)
+        _check_name(config)
+        req = Request(
+            plugin=plugin, command=command, container_id=env.get("CNI_CONTAINERID", ""),
+            netns=env.get("CNI_NETNS", ""), ifname=env.get("CNI_IFNAME", ""),
+            args=parse_args(env.get("CNI_ARGS", "")),
+            path=[p for p in env.get("CNI_PATH", "").split(":") if p], config=config,
+            version=version, stdin=stdin, env=env, netns_fd=netns,
+            log=lambda msg: err.write(f"{plugin}: {msg}\n"),
+        )
+        if "prevResult" in config and config["prevResult"] is not None:
+            from cni.spec.result import to_current
+            req.prev_result = to_current(config["prevResult"], version)
+        out = dispatch(req)
+        return Reply(out.encode(), err.getvalue().encode(), 0)
+    except CNIError as e:
+        return Reply(e.to_json(version).encode(), err.getvalue().encode(), 1)
+    except Exception as e:  # never a traceback on stdout: code 999 with what went wrong
+        import traceback
+        err.write(traceback.format_exc())
+        msg = f"{plugin}: {type(e).__name__}: {e}"
+        return Reply(CNIError(Code.INTERNAL, msg).to_json(version).encode(),
+                     err.getvalue().encode(), 1)
+
+
+def dispatch(req: Request) -> str:
+    """Call the plugin's verb; ADD's result is printed in the config's version."""
+    module = load(req.plugin)
+    verb = {"ADD": "add", "CHECK": "check", "DEL": "delete", "GC": "gc",
+            "STATUS": "status"}[req.command]
+    fn = getattr(module, verb, None)
+    if fn is None:
+        if req.command in ("GC", "STATUS"):
+            return ""  # nothing to collect, always available
+        raise CNIError(Code.INTERNAL, f"{req.plugin} has no {req.command}")
+    result = fn(req)
+    if req.command != "ADD":
+        return ""
+    from cni.spec.result import from_current
+    return json.dumps(from_current(result, req.version), indent=4)
+
+
+def load(plugin: str):
+    from cni.plugins import MODULES
+    name = MODULES.get(plugin)
+    if name is None:
+        raise CNIError(Code.INTERNAL, f'unknown plugin "{plugin}"')
+    import importlib
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name == name:
+            raise CNIError(Code.NOT_AVAILABLE, f"plugin {plugin} is not implemented yet") from None
+        raise
+
+
+def supported(plugin: str) -> tuple[str, ...]:
+    from cni.plugins import SUPPORTED_VERSIONS
+    return SUPPORTED_VERSIONS.get(plugin, versions.SUPPORTED)
+
+
+def about(plugin: str) -> str:
+    return (f"CNI {plugin} plugin pycni {__version__}\n"
+            f"CNI protocol versions supported: {', '.join(supported(plugin))}\n")
+
+
+def version_info(plugin: str, stdin: bytes) -> str:
+    """VERSION: the spec echoes the requested cniVersion; the reference answers its own."""
+    asked = versions.CURRENT
+    try:
+        value = json.loads(stdin or b"{}").get("cniVersion")
+        if isinstance(value, str) and value in versions.SUPPORTED:
+            asked = value
+    except (ValueError, AttributeError):
+        pass
+    return json.dumps({"cniVersion": asked, "supportedVersions": list(supported(plugin))})
+
+
+def decode_config(stdin: bytes) -> dict[str, Any]:
+    if len(stdin) > MAX_STDIN:
+        raise CNIError(Code.IO_FAILURE, f"network config larger than {MAX_STDIN} bytes")
+    try:
+        config = json.loads(stdin)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CNIError(Code.DECODING_FAILURE, f"error parsing network config: {e}") from None
+    if not isinstance(config, dict):
+        raise CNIError(Code.DECODING_FAILURE, "network config must be a JSON object")
+    return config
+
+
+def _check_env(command: str, env: Mapping[str, str]) -> None:
+    missing = [var for var, cmds in _REQUIRED.items() if command in cmds and not env.get(var)]
+    if missing:
+        raise CNIError(Code.INVALID_ENV, f"required env variables [{','.join(missing)}] missing")
+    if command in ("ADD", "CHECK", "DEL"):
+        validate_container_id(env["CNI_CONTAINERID"])
+        validate_ifname(env["CNI_IFNAME"])
+
+
+def _gate(command: str, version: str) -> None:
+    if command == "CHECK" and not versions.at_least(version, "0.4.0"):
+        raise CNIError(Code.INCOMPATIBLE_VERSION, "config version does not allow CHECK")
+    if command in ("GC", "STATUS") and not versions.at_least(version, "1.1.0"):
+        raise CNIError(Code.INCOMPATIBLE_VERSION, f"config version does not allow {command}")
+
+
+def _check_name(config: dict) -> None:
+    """The network name becomes a path (host-local store, cache): same rule as container IDs."""
+    name = config.get("name")
+    if name is None:
+        return
+    if not isinstance(name, str) or not _ID_RE.match(name):
+        raise CNIError(Code.INVALID_CONFIG, "invalid characters found in network name",
+                       str(name))
+
+
+def validate_container_id(cid: str) -> None:
+    if not cid:
+        raise CNIError(Code.INVALID_ENV, "missing containerID")
+    if not _ID_RE.match(cid):
+        raise CNIError(Code.INVALID_ENV, "invalid characters in containerID", cid)
+
+
+def validate_ifname(name: str) -> None:
+    if not name:
+        raise CNIError(Code.INVALID_ENV, "interface name is empty")
+    if len(name) > 15:
+        raise CNIError(Code.INVALID_ENV, "interface name is too long", name)
+    if name in (".", ".."):
+        raise CNIError(Code.INVALID_ENV, "interface name is . or ..", name)
+    if any(c in "/:" or c.isspace() for c in name):
+        raise CNIError(Code.INVALID_ENV,
+                       "interface name contains / or : or whitespace characters", name)
+
+
+def parse_args(raw: str) -> list[tuple[str, str]]:
+    """CNI_ARGS 'K1=V1;K2=V2' -> pairs; a pair without '=' is code 4, as in the reference."""
+    pairs = []
+    for item in raw.split(";"):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise CNIError(Code.INVALID_ENV, f'CNI_ARGS: invalid pair "{item}"')
+        pairs.append((key, value))
+    return pairs

@@ -1,0 +1,85 @@
+"""Config models (pydantic): the common plugin keys, the conflist, and error translation.
+
+A validation failure becomes CNI error 7 naming the key path and the value given, e.g.
+`invalid network config: ipam.ranges.0.0.subnet: "10.0.0.1/24": host bits set`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from cni.spec.errors import CNIError, Code
+
+NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
+M = TypeVar("M", bound=BaseModel)
+
+
+class Model(BaseModel):
+    """Base for config models: unknown keys are kept and ignored (runtimes add their own)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=False)
+
+
+class DNS(Model):
+    nameservers: list[str] = Field(default_factory=list)
+    domain: str = ""
+    search: list[str] = Field(default_factory=list)
+    options: list[str] = Field(default_factory=list)
+
+
+class PluginConf(Model):
+    """The keys every plugin config carries (spec section 1, as the runtime sends it)."""
+
+    cniVersion: str = ""
+    name: str = ""
+    type: str = ""
+    capabilities: dict[str, bool] = Field(default_factory=dict)
+    ipam: dict[str, Any] | None = None
+    dns: DNS | None = None
+    args: dict[str, Any] | None = None
+    runtimeConfig: dict[str, Any] = Field(default_factory=dict)
+    prevResult: dict[str, Any] | None = None
+
+
+class ConfList(Model):
+    cniVersion: str = ""
+    cniVersions: list[str] = Field(default_factory=list)
+    name: str
+    disableCheck: bool = False
+    disableGC: bool = False
+    loadOnlyInlinedPlugins: bool = False
+    plugins: list[dict[str, Any]] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError("invalid characters found in network name")
+        return v
+
+
+def parse(model: type[M], data: Any, prefix: str = "") -> M:
+    """Validate `data` into `model`, or raise CNI error 7 naming the first bad key and value."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise _to_cni(e, data, prefix) from None
+
+
+def _to_cni(e: ValidationError, data: Any, prefix: str) -> CNIError:
+    first = e.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in (*([prefix] if prefix else []), *first["loc"]))
+    value = first.get("input")
+    msg = first["msg"].removeprefix("Value error, ")
+    shown = json.dumps(value, default=str)
+    if len(shown) > 200:
+        shown = shown[:200] + "..."
+    detail = "; ".join(
+        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()[1:]
+    )
+    key = loc or "config"
+    return CNIError(Code.INVALID_CONFIG, f"invalid network config: {key}: {shown}: {msg}", detail)

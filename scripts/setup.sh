@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what pycni needs on a Debian host, idempotently: the apt packages the plugins and
+# tests use, then a venv in .venv with the project and its dev tools. Run as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_RUNTIME="iproute2 nftables libnftables1 conntrack kmod"
+APT_TEST="containernetworking-plugins iperf3 busybox-static procps psmisc iputils-ping ncat"
+want=""
+for p in $APT_RUNTIME ${PYCNI_TEST_PACKAGES:-$APT_TEST}; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || want="$want $p"
+done
+if [ -n "$want" ]; then
+  echo "setup: apt-get install$want"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # shellcheck disable=SC2086
+  apt-get install -y -qq --no-install-recommends $want >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+stamp=.venv/.installed
+if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setup: venv in .venv"
+  [ -x .venv/bin/python ] || "$PY" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1
+  .venv/bin/python -m pip install -q -e '.[dev]' >/dev/null 2>.venv/pip.log || { cat .venv/pip.log; exit 1; }
+  touch "$stamp"
+fi

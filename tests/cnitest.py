@@ -1,0 +1,114 @@
+"""Test helpers: throwaway namespaces, exec'ing plugins like a runtime, reading kernel state.
+
+Each netns test gets its own "host" namespace (where bridges, nft rules and host veths live) and
+pod namespaces; nothing runs in the machine's real network namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / "bin"
+VENV_PY = ROOT / ".venv" / "bin" / "python"
+REFERENCE_BIN = Path("/usr/lib/cni")
+
+
+def sh(*cmd: str, check: bool = True, netns: str | None = None,
+       **kw) -> subprocess.CompletedProcess:
+    argv = ["ip", "netns", "exec", netns, *cmd] if netns else list(cmd)
+    return subprocess.run(argv, check=check, capture_output=True, text=True, **kw)
+
+
+@dataclass
+class Netns:
+    name: str
+
+    @property
+    def path(self) -> str:
+        return f"/run/netns/{self.name}"
+
+    def run(self, *cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+        return sh(*cmd, check=check, netns=self.name, **kw)
+
+    def ip(self, *args: str) -> Any:
+        """`ip -j ...` in this namespace, parsed."""
+        out = self.run("ip", "-j", *args).stdout
+        return json.loads(out) if out.strip() else []
+
+    def links(self) -> dict[str, dict]:
+        return {link["ifname"]: link for link in self.ip("-d", "link", "show")}
+
+    def addresses(self, ifname: str) -> list[str]:
+        info = self.ip("addr", "show", "dev", ifname)
+        return [f"{a['local']}/{a['prefixlen']}" for a in info[0]["addr_info"]] if info else []
+
+    def nft_ruleset(self) -> dict:
+        return json.loads(self.run("nft", "-j", "list", "ruleset").stdout or "{}")
+
+
+@dataclass
+class Plugins:
+    """Execs CNI plugins inside a host namespace the way a runtime does."""
+
+    host: Netns
+    bin_dir: Path = BIN
+    made: list[Netns] = field(default_factory=list)
+
+    def exec(self, plugin: str, command: str, conf: dict | bytes | str, *,
+             container_id: str = "ctr1", netns: str = "", ifname: str = "eth0",
+             cni_args: str = "", env: dict | None = None, path: str | None = None,
+             bin_dir: Path | None = None) -> tuple[int, Any, str]:
+        stdin = conf if isinstance(conf, bytes) else (
+            conf.encode() if isinstance(conf, str) else json.dumps(conf).encode())
+        full = {
+            "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+            "CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_NETNS": netns,
+            "CNI_IFNAME": ifname, "CNI_PATH": path or str(bin_dir or self.bin_dir),
+        }
+        if cni_args:
+            full["CNI_ARGS"] = cni_args
+        full.update(env or {})
+        exe = str((bin_dir or self.bin_dir) / plugin)
+        proc = subprocess.run(["ip", "netns", "exec", self.host.name, exe], input=stdin,
+                              env=full, capture_output=True)
+        out = proc.stdout.decode()
+        try:
+            parsed = json.loads(out) if out.strip() else None
+        except ValueError:
+            parsed = out
+        return proc.returncode, parsed, proc.stderr.decode()
+
+    def ok(self, plugin: str, command: str, conf: dict | bytes | str, **kw) -> Any:
+        code, out, err = self.exec(plugin, command, conf, **kw)
+        assert code == 0, f"{plugin} {command} failed ({code}): {out} {err}"
+        return out
+
+
+def new_netns(prefix: str) -> Netns:
+    name = f"{prefix}-{secrets.token_hex(4)}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    ns = Netns(name)
+    ns.run("ip", "link", "set", "lo", "up")
+    return ns
+
+
+def delete_netns(ns: Netns) -> None:
+    subprocess.run(["ip", "netns", "del", ns.name], check=False, capture_output=True)
+
+
+def can_use_netns() -> bool:
+    if os.geteuid() != 0:
+        return False
+    try:
+        ns = new_netns("pycni-probe")
+    except (OSError, subprocess.CalledProcessError):
+        return False
+    delete_netns(ns)
+    return True

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+
+import pytest
+from cnitest import Netns, Plugins, can_use_netns, delete_netns, new_netns
+
+
+@functools.cache
+def _netns_ok() -> bool:
+    return can_use_netns()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="needs root and network namespaces (run via make test)")
+    for item in items:
+        if "root" in item.keywords and not _netns_ok():
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def netns_factory() -> Iterator[Callable[[str], Netns]]:
+    """Makes namespaces that are deleted at teardown, whatever the test did."""
+    made: list[Netns] = []
+
+    def make(prefix: str = "pycni-pod") -> Netns:
+        ns = new_netns(prefix)
+        made.append(ns)
+        return ns
+
+    yield make
+    for ns in reversed(made):
+        delete_netns(ns)
+
+
+@pytest.fixture
+def host(netns_factory) -> Netns:
+    """A throwaway 'host' namespace: plugins run in it, as if it were the node."""
+    return netns_factory("pycni-host")
+
+
+@pytest.fixture
+def pod(netns_factory) -> Netns:
+    return netns_factory("pycni-pod")
+
+
+@pytest.fixture
+def plugins(host) -> Plugins:
+    return Plugins(host)

@@ -1,0 +1,131 @@
+"""skel.run: env validation, version gating, error shapes; no root needed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from cnitest import BIN, ROOT
+
+from cni import skel
+from cni.spec.version import SUPPORTED
+
+ENV = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "abc", "CNI_NETNS": "/run/netns/x",
+       "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin"}
+CONF = b'{"cniVersion":"1.0.0","name":"net","type":"loopback"}'
+
+
+def error_of(reply: skel.Reply) -> dict:
+    assert reply.code == 1
+    out = json.loads(reply.stdout)
+    assert set(out) == {"cniVersion", "code", "msg", "details"}
+    return out
+
+
+def test_version_lists_every_supported_version() -> None:
+    reply = skel.run("loopback", {"CNI_COMMAND": "VERSION"}, b'{"cniVersion":"1.1.0"}')
+    assert reply.code == 0
+    assert json.loads(reply.stdout) == {"cniVersion": "1.1.0",
+                                        "supportedVersions": list(SUPPORTED)}
+
+
+def test_no_command_prints_about_on_stderr() -> None:
+    reply = skel.run("bridge", {}, b"")
+    assert (reply.code, reply.stdout) == (0, b"")
+    assert reply.stderr.startswith(b"CNI bridge plugin pycni")
+
+
+def test_missing_env_names_the_variables() -> None:
+    out = error_of(skel.run("loopback", {"CNI_COMMAND": "ADD"}, CONF))
+    assert out["code"] == 4
+    assert out["msg"] == ("required env variables "
+                          "[CNI_CONTAINERID,CNI_NETNS,CNI_IFNAME,CNI_PATH] missing")
+
+
+@pytest.mark.parametrize("var,value,msg", [
+    ("CNI_CONTAINERID", "a/b", "invalid characters in containerID"),
+    ("CNI_CONTAINERID", "../x", "invalid characters in containerID"),
+    ("CNI_IFNAME", "x" * 16, "interface name is too long"),
+    ("CNI_IFNAME", "..", "interface name is . or .."),
+    ("CNI_IFNAME", "eth 0", "interface name contains / or : or whitespace characters"),
+    ("CNI_IFNAME", "a:b", "interface name contains / or : or whitespace characters"),
+    ("CNI_COMMAND", "FOO", "unknown CNI_COMMAND: FOO"),
+    ("CNI_ARGS", "IgnoreUnknown", 'CNI_ARGS: invalid pair "IgnoreUnknown"'),
+])
+def test_invalid_env_is_code_4(var, value, msg) -> None:
+    out = error_of(skel.run("loopback", ENV | {var: value}, CONF))
+    assert (out["code"], out["msg"]) == (4, msg)
+
+
+@pytest.mark.parametrize("stdin,code,fragment", [
+    (b"{not json", 6, "error parsing network config"),
+    (b"[1,2]", 6, "must be a JSON object"),
+    (b"\xff\xfe", 6, "error parsing network config"),
+    (b'{"cniVersion":"0.5.0","name":"n"}', 1, 'incompatible CNI versions; config is "0.5.0"'),
+    (b'{"cniVersion":"1.0.0","name":"../etc"}', 7, "invalid characters found in network name"),
+])
+def test_bad_config(stdin, code, fragment) -> None:
+    out = error_of(skel.run("loopback", ENV, stdin))
+    assert out["code"] == code and fragment in out["msg"]
+
+
+@pytest.mark.parametrize("command,version", [("CHECK", "0.3.1"), ("GC", "1.0.0"),
+                                              ("STATUS", "1.0.0")])
+def test_verbs_gated_by_version(command, version) -> None:
+    conf = json.dumps({"cniVersion": version, "name": "n", "type": "loopback"}).encode()
+    out = error_of(skel.run("loopback", ENV | {"CNI_COMMAND": command}, conf))
+    assert out["code"] == 1 and f"does not allow {command}" in out["msg"]
+    assert out["cniVersion"] == version
+
+
+def test_bad_prev_result_is_a_decode_error() -> None:
+    conf = b'{"cniVersion":"1.0.0","name":"n","prevResult":{"ips":[{"address":"x"}]}}'
+    out = error_of(skel.run("loopback", ENV, conf))
+    assert out["code"] == 6
+
+
+def test_unexpected_exception_is_999_without_traceback_on_stdout(monkeypatch) -> None:
+    def boom(req):
+        raise RuntimeError("kaboom")
+    import cni.plugins.loopback as lo
+    monkeypatch.setattr(lo, "add", boom)
+    reply = skel.run("loopback", ENV, CONF)
+    out = error_of(reply)
+    assert out["code"] == 999 and "kaboom" in out["msg"]
+    assert b"Traceback" not in reply.stdout and b"Traceback" in reply.stderr
+
+
+def test_version_via_binary_imports_nothing_heavy() -> None:
+    """The exec'd binary answers VERSION without pyroute2, pydantic, netaddr or click."""
+    probe = (
+        "import runpy, sys, os, io\n"
+        "sys.argv = ['loopback']\n"
+        "os.environ['CNI_COMMAND'] = 'VERSION'\n"
+        "sys.stdin = io.TextIOWrapper(io.BytesIO(b''))\n"
+        "try:\n"
+        f"    runpy.run_path({str(BIN / 'cni-plugin')!r}, run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = [m for m in ('pyroute2', 'pydantic', 'netaddr', 'click', 'nftables')"
+        " if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-IS", "-c", probe], capture_output=True, text=True,
+                         cwd="/tmp", check=True).stdout
+    assert "supportedVersions" in out
+    assert "HEAVY []" in out
+
+
+@pytest.mark.parametrize("plugin", ["bridge", "host-local", "loopback", "portmap", "bandwidth"])
+def test_each_link_answers_version_from_anywhere(plugin) -> None:
+    proc = subprocess.run([str(BIN / plugin)], env={"CNI_COMMAND": "VERSION"},
+                          input=b'{"cniVersion":"1.0.0"}', capture_output=True, cwd="/tmp")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"cniVersion": "1.0.0",
+                                       "supportedVersions": list(SUPPORTED)}
+
+
+def test_root_is_a_real_checkout() -> None:
+    assert (ROOT / "cni" / "skel.py").exists()
