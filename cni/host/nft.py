@@ -1,0 +1,115 @@
+"""nftables through libnftables, in-process.
+
+Changes are nft text scripts applied as one batch (a failure changes nothing); reads use JSON
+output (nft 1.0.6 crashes on some JSON rule *input*, never on output). Every string that reaches
+a script goes through `quote` or a validator first: nothing unvalidated gets into the ruleset.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+_ctx = None
+_SAFE_COMMENT = re.compile(r"^[A-Za-z0-9 _.,:/@=+\-]*$")
+_IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
+FAMILIES = ("ip", "ip6", "inet", "bridge", "arp", "netdev")
+
+
+class NftError(RuntimeError):
+    """nft refused a script or a read; the message is nft's own."""
+
+
+class NftUnavailable(NftError):
+    """libnftables is missing or nftables does not work on this host."""
+
+
+def _nft():
+    global _ctx
+    if _ctx is None:
+        try:
+            import nftables
+            ctx = nftables.Nftables()
+        except (ImportError, OSError) as e:
+            raise NftUnavailable(f"libnftables is not usable: {e}") from None
+        ctx.set_json_output(False)
+        ctx.set_handle_output(True)
+        _ctx = ctx
+    return _ctx
+
+
+def run(script: str) -> None:
+    """Apply a script of nft commands as one atomic transaction."""
+    nft = _nft()
+    nft.set_json_output(False)
+    rc, _out, err = nft.cmd(script)
+    if rc != 0:
+        raise NftError(f"nft: {err.strip() or 'failed'}")
+
+
+def list_json(what: str) -> list[dict[str, Any]]:
+    """`nft -j list <what>` as the list of objects; a missing table or chain is []."""
+    nft = _nft()
+    nft.set_json_output(True)
+    try:
+        rc, out, err = nft.cmd(f"list {what}")
+    finally:
+        nft.set_json_output(False)
+    if rc != 0:
+        if "No such file or directory" in err:
+            return []
+        raise NftError(f"nft: {err.strip() or 'failed'}")
+    return json.loads(out).get("nftables", []) if out.strip() else []
+
+
+def rules(family: str, table: str, chain: str | None = None) -> list[dict[str, Any]]:
+    """The rule objects of a table (or one chain), each with its handle and comment."""
+    what = f"chain {family} {table} {ident(chain)}" if chain else f"table {family} {table}"
+    return [o["rule"] for o in list_json(ident_family(family, table, what)) if "rule" in o]
+
+
+def chains(family: str, table: str) -> list[str]:
+    return [o["chain"]["name"] for o in list_json(ident_family(family, table,
+                                                               f"table {family} {table}"))
+            if "chain" in o]
+
+
+def table_exists(family: str, table: str) -> bool:
+    return bool(list_json(ident_family(family, table, f"table {family} {table}")))
+
+
+def delete_rules_script(found: list[dict[str, Any]]) -> str:
+    """Commands deleting the given rule objects by handle (for one batch with other work)."""
+    return "".join(
+        f"delete rule {r['family']} {ident(r['table'])} {ident(r['chain'])} "
+        f"handle {int(r['handle'])}\n" for r in found)
+
+
+def available() -> tuple[bool, str]:
+    """Whether nftables works here (STATUS, doctor)."""
+    try:
+        list_json("tables")
+    except NftError as e:
+        return False, str(e)
+    return True, ""
+
+
+def quote(text: str) -> str:
+    """A comment or other string literal for a script: refused unless plainly safe."""
+    if len(text) > 128 or not _SAFE_COMMENT.match(text):
+        raise ValueError(f"unsafe string for an nft rule: {text!r}")
+    return f'"{text}"'
+
+
+def ident(name: str) -> str:
+    if not _IDENT.match(name or "") or len(name) > 64:
+        raise ValueError(f"unsafe nft identifier: {name!r}")
+    return name
+
+
+def ident_family(family: str, table: str, what: str) -> str:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown nft family: {family!r}")
+    ident(table)
+    return what

@@ -1,0 +1,51 @@
+"""cni.host.nft against a real ruleset, inside a throwaway namespace."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from cnitest import ROOT
+
+pytestmark = pytest.mark.root
+
+PROBE = r"""
+import json, sys
+sys.path.insert(0, %r)
+from cni.host import nft
+nft.run('add table ip t\nadd chain ip t c\n'
+        'add rule ip t c ip daddr 10.9.9.9 counter comment "a-1"\n'
+        'add rule ip t c ip daddr 10.9.9.8 counter comment "b-2"\n')
+found = nft.rules("ip", "t", "c")
+out = {"comments": [r.get("comment") for r in found]}
+try:
+    nft.run('add rule ip t c counter comment "ok"\nadd rule ip t nochain counter\n')
+except nft.NftError as e:
+    out["error"] = str(e)
+out["after_failed_batch"] = len(nft.rules("ip", "t"))
+nft.run(nft.delete_rules_script([r for r in found if r.get("comment") == "a-1"]))
+out["left"] = [r.get("comment") for r in nft.rules("ip", "t")]
+out["missing"] = nft.rules("ip", "nosuchtable")
+for bad in ('x" ; flush ruleset ; "', "a\nb"):
+    try:
+        nft.quote(bad)
+    except ValueError:
+        out.setdefault("refused", []).append(bad)
+print(json.dumps(out))
+"""
+
+
+def test_batch_is_atomic_and_rules_are_found_by_comment(host) -> None:
+    proc = host.run(sys.executable, "-c", PROBE % str(ROOT))
+    out = json.loads(proc.stdout)
+    assert out["comments"] == ["a-1", "b-2"]
+    assert "nochain" in out["error"] or "No such file" in out["error"]
+    assert out["after_failed_batch"] == 2  # the good half of the failed batch did not land
+    assert out["left"] == ["b-2"]
+    assert out["missing"] == []
+    assert len(out["refused"]) == 2
+    # and the machine's own ruleset never saw table t
+    mine = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    assert "table ip t\n" not in mine
