@@ -1,0 +1,1 @@
+"""IPAM: the host-local allocator and its on-disk store, and delegation to IPAM plugins."""
