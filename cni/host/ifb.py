@@ -1,0 +1,79 @@
+"""ifb links for egress shaping, marked with an alias so GC finds exactly ours.
+
+The alias reads `pycni-bandwidth <network> <containerID>`: neither may contain spaces (skel
+enforces the reference's name rule), so it splits back unambiguously. ifbs without our alias
+(the spare ifb0/ifb1 the module creates, the reference plugin's, anyone else's) are never touched.
+"""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyroute2 import IPRoute
+
+MARK = "pycni-bandwidth"
+
+
+@dataclass(frozen=True)
+class Ifb:
+    name: str
+    index: int
+    mac: str
+    network: str = ""
+    container_id: str = ""
+
+
+def alias_for(network: str, container_id: str) -> str:
+    return f"{MARK} {network} {container_id}"
+
+
+def create(ipr: IPRoute, name: str, mtu: int, network: str, container_id: str) -> Ifb:
+    """Add the ifb (txqueuelen 0 and the MTU given, as the reference), mark it, set it up."""
+    ipr.link("add", ifname=name, kind="ifb", mtu=mtu, txqlen=0)
+    index = ipr.link_lookup(ifname=name)[0]
+    try:
+        ipr.link("set", index=index, ifalias=alias_for(network, container_id), state="up")
+        link = ipr.get_links(index)[0]
+    except Exception:
+        ipr.link("del", index=index)
+        raise
+    return Ifb(name, index, link.get_attr("IFLA_ADDRESS"), network, container_id)
+
+
+def lookup(ipr: IPRoute, name: str) -> int | None:
+    found = ipr.link_lookup(ifname=name)
+    return found[0] if found else None
+
+
+def delete(ipr: IPRoute, name: str) -> bool:
+    """Delete the link by name; False if it was not there."""
+    from pyroute2 import NetlinkError
+
+    index = lookup(ipr, name)
+    if index is None:
+        return False
+    try:
+        ipr.link("del", index=index)
+    except NetlinkError as e:
+        if e.code in (errno.ENODEV, errno.ENOENT):
+            return False
+        raise
+    return True
+
+
+def marked(ipr: IPRoute) -> list[Ifb]:
+    """Every ifb in this namespace that carries our mark."""
+    out = []
+    for link in ipr.get_links():
+        info = link.get_attr("IFLA_LINKINFO")
+        if info is None or info.get_attr("IFLA_INFO_KIND") != "ifb":
+            continue
+        parts = (link.get_attr("IFLA_IFALIAS") or "").split(" ")
+        if len(parts) != 3 or parts[0] != MARK:
+            continue
+        out.append(Ifb(link.get_attr("IFLA_IFNAME"), link["index"],
+                       link.get_attr("IFLA_ADDRESS"), parts[1], parts[2]))
+    return out
