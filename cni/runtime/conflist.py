@@ -27,7 +27,8 @@ class NetworkConfigList:
     cni_version: str
     plugins: list[dict[str, Any]]
     raw: bytes  # the file's bytes: what the result cache stores (base64) as "config"
-    cni_versions: list[str] = field(default_factory=list)  # as listed, for plugin negotiation
+    # cniVersions as listed plus the declared cniVersion; empty without cniVersions
+    cni_versions: list[str] = field(default_factory=list)
     disable_check: bool = False
     disable_gc: bool = False
     load_only_inlined_plugins: bool = False
@@ -109,6 +110,8 @@ def from_bytes(data: bytes, source: str = "") -> NetworkConfigList:
             except CNIError as e:
                 raise _err(f"error parsing configuration list: invalid cniVersion {cni_version}: "
                            f"{e.msg}") from None
+        if cni_version:
+            listed.append(cni_version)  # still offered to plugins that lack the highest
         if candidates:
             cni_version = max(candidates, key=parse)
 
