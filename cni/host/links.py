@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 from cni.host import netns
 
 IFF_UP = 0x1
@@ -13,6 +16,11 @@ def _addresses(ipr, index: int) -> list[str]:
         for msg in ipr.get_addr(family=family, index=index):
             out.append(f"{msg.get('IFA_ADDRESS')}/{msg['prefixlen']}")
     return out
+
+
+def addresses(ipr, index: int) -> list[str]:
+    """The link's addresses as 'ip/prefix', v4 first."""
+    return _addresses(ipr, index)
 
 
 def set_loopback(target: int | str, up: bool) -> list[str]:
@@ -27,3 +35,104 @@ def loopback_is_up(target: int | str) -> bool:
     with netns.iproute(target) as ipr:
         link = ipr.get_links(ipr.link_lookup(ifname="lo")[0])[0]
         return bool(link["flags"] & IFF_UP)
+
+
+# --- generic link helpers (bridge, veth) -------------------------------------------------------
+
+IFF_PROMISC = 0x100
+EEXIST = 17
+ENODEV = 19
+
+
+@dataclass
+class Link:
+    """What the plugins need to know about a link, read from one RTM_NEWLINK message."""
+
+    name: str
+    index: int
+    mac: str
+    mtu: int
+    kind: str
+    master: int
+    up: bool
+    promisc: bool
+    operstate: str
+    peer_index: int  # IFLA_LINK: for a veth, the peer's index (in the peer's namespace)
+
+
+def parse(msg) -> Link:
+    flags = msg["flags"]
+    return Link(
+        name=msg.get("IFLA_IFNAME"),
+        index=msg["index"],
+        mac=msg.get("IFLA_ADDRESS") or "",
+        mtu=msg.get("IFLA_MTU") or 0,
+        kind=msg.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) or "",
+        master=msg.get("IFLA_MASTER") or 0,
+        up=bool(flags & IFF_UP),
+        promisc=bool(flags & IFF_PROMISC),
+        operstate=msg.get("IFLA_OPERSTATE") or "",
+        peer_index=msg.get("IFLA_LINK") or 0,
+    )
+
+
+def get(ipr, name: str) -> Link | None:
+    """The link called `name` in ipr's namespace, or None."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    try:
+        msgs = ipr.get_links(ifname=name)
+    except NetlinkError as e:
+        if e.code == ENODEV:
+            return None
+        raise
+    return parse(msgs[0]) if msgs else None
+
+
+def by_index(ipr, index: int) -> Link | None:
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    try:
+        msgs = ipr.get_links(index)
+    except NetlinkError as e:
+        if e.code == ENODEV:
+            return None
+        raise
+    return parse(msgs[0]) if msgs else None
+
+
+def set_up(ipr, index: int) -> None:
+    ipr.link("set", index=index, state="up")
+
+
+def set_promisc(ipr, index: int) -> None:
+    ipr.link("set", index=index, flags=IFF_PROMISC, change=IFF_PROMISC)
+
+
+def set_mac(ipr, index: int, mac: str) -> None:
+    ipr.link("set", index=index, address=mac)
+
+
+def delete(ipr, name: str) -> bool:
+    """Delete the link if it exists; whether it did."""
+    link = get(ipr, name)
+    if link is None:
+        return False
+    ipr.link("del", index=link.index)
+    return True
+
+
+def wait_oper_up(ipr, name: str, delays: tuple[float, ...] = (0, 0.05, 0.5, 1, 1)) -> Link:
+    """Wait until the link is operationally up (a bridge port forwarding, reference #463).
+
+    The reference's schedule: give up after ~2.5 s with the state it is stuck in.
+    """
+    link = None
+    for delay in delays:
+        time.sleep(delay)
+        link = get(ipr, name)
+        if link is None:
+            raise LookupError(f"link {name} disappeared")
+        if link.operstate == "UP":
+            return link
+    raise TimeoutError(f"bridge port in error state: {link.operstate if link else 'missing'}")

@@ -1,0 +1,160 @@
+"""Addresses: configure an interface from a CNI result (the reference's ConfigureIface), the
+gateway address on a bridge (ensureAddr), IPv6 DAD settling.
+
+Functions here act on the *current* namespace: wrap them in netns.entered() for a container.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+
+from cni.host import links, routes, sysctl
+from cni.spec.errors import CNIError, Code
+
+IFA_F_DADFAILED = 0x08
+IFA_F_TENTATIVE = 0x40
+SETTLE_SECONDS = 10
+
+
+def _err(msg: str) -> CNIError:
+    return CNIError(Code.INTERNAL, msg)
+
+
+def set_dad(ifname: str, enabled: bool) -> None:
+    """accept_dad=0 by default (addresses usable at once); with enabledad, enhanced DAD on."""
+    try:
+        if enabled:
+            sysctl.write(sysctl.conf(6, ifname, "enhanced_dad"), 1)
+            sysctl.write(sysctl.conf(6, ifname, "accept_dad"), 1)
+        else:
+            sysctl.write(sysctl.conf(6, ifname, "accept_dad"), 0)
+    except OSError:
+        pass  # IPv6 disabled in this namespace: the reference ignores these errors too
+
+
+def set_arp_notify(ifname: str) -> None:
+    try:
+        sysctl.write(sysctl.conf(4, ifname, "arp_notify"), 1)
+    except OSError:
+        pass
+
+
+def _enable_ipv6(ifname: str) -> None:
+    """disable_ipv6=0 on lo and the interface before adding a v6 address to it."""
+    for name in ("lo", ifname):
+        key = sysctl.conf(6, name, "disable_ipv6")
+        try:
+            if sysctl.read(key) == "0":
+                continue
+        except OSError:
+            continue
+        try:
+            sysctl.write(key, 0)
+        except OSError as e:
+            raise _err(f'failed to enable IPv6 for interface "{name}": {e}') from None
+
+
+def configure_iface(ifname: str, ips: list[dict], route_list: list[dict]) -> None:
+    """Add the addresses, set the link up, wait for DAD, add the routes (current namespace).
+
+    `ips` are the result's entries for this interface; a route without gw goes through the
+    first gateway of its family.
+    """
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    with IPRoute() as ipr:
+        link = links.get(ipr, ifname)
+        if link is None:
+            raise _err(f'failed to lookup "{ifname}": Link not found')
+        gws: dict[int, str] = {}
+        v6 = False
+        for ipc in ips:
+            iface = ipaddress.ip_interface(ipc["address"])
+            if iface.version == 6 and not v6:
+                _enable_ipv6(ifname)
+                v6 = True
+            try:
+                ipr.addr("add", index=link.index, address=str(iface.ip),
+                         prefixlen=iface.network.prefixlen)
+            except NetlinkError as e:
+                raise _err(f'failed to add IP addr {ipc["address"]} to "{ifname}": '
+                           f"{e.args[1] if len(e.args) > 1 else e}") from None
+            if ipc.get("gateway"):
+                gws.setdefault(iface.version, ipc["gateway"])
+        links.set_up(ipr, link.index)
+        if 6 in gws:
+            settle(ipr, link.index, ifname)
+        for r in route_list:
+            fam = ipaddress.ip_network(r["dst"], strict=False).version
+            routes.add(ipr, r["dst"], link.index, r.get("gw") or gws.get(fam),
+                       mtu=r.get("mtu", 0), advmss=r.get("advmss", 0),
+                       priority=r.get("priority", 0), table=r.get("table"),
+                       scope=r.get("scope"), ifname=ifname)
+
+
+def settle(ipr, index: int, ifname: str, timeout: float = SETTLE_SECONDS) -> None:
+    """Wait until no IPv6 address of the link is tentative (DAD done)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        tentative = False
+        for msg in ipr.get_addr(family=10, index=index):
+            flags = msg.get("IFA_FLAGS") or msg["flags"]
+            if flags & IFA_F_DADFAILED:
+                raise _err(f"link {ifname} has address {msg.get('IFA_ADDRESS')} in DADFAILED "
+                           "state")
+            tentative = tentative or bool(flags & IFA_F_TENTATIVE)
+        if not tentative:
+            return
+        if time.monotonic() > deadline:
+            raise _err(f"link {ifname} still has tentative addresses after {timeout} seconds")
+        time.sleep(0.05)
+
+
+def ensure_gateway(ifname: str, cidr: str, force: bool) -> None:
+    """The gateway address (e.g. 10.1.0.1/24) on the bridge, as the reference's ensureAddr.
+
+    IPv4: another address on the bridge is an error unless forceAddress, which replaces it.
+    IPv6: several addresses are fine unless their subnets overlap (then the same rule).
+    """
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    want = ipaddress.ip_interface(cidr)
+    family = 2 if want.version == 4 else 10
+    with IPRoute() as ipr:
+        link = links.get(ipr, ifname)
+        if link is None:
+            raise _err(f'could not lookup "{ifname}": Link not found')
+        for msg in ipr.get_addr(family=family, index=link.index):
+            have = ipaddress.ip_interface(f"{msg.get('IFA_ADDRESS')}/{msg['prefixlen']}")
+            if have == want:
+                return
+            if have.is_link_local and want.version == 6:
+                continue
+            if (want.version == 4 or want.ip in have.network or have.ip in want.network):
+                if not force:
+                    raise _err(f'"{ifname}" already has an IP address different from {cidr}')
+                ipr.addr("del", index=link.index, address=str(have.ip),
+                         prefixlen=have.network.prefixlen)
+        try:
+            ipr.addr("add", index=link.index, address=str(want.ip),
+                     prefixlen=want.network.prefixlen)
+        except NetlinkError as e:
+            if e.code != 17:
+                raise _err(f'could not add IP address to "{ifname}": {e}') from None
+
+
+def has(ipr, index: int, cidr: str) -> bool:
+    want = ipaddress.ip_interface(cidr)
+    family = 2 if want.version == 4 else 10
+    return any(ipaddress.ip_interface(f"{m.get('IFA_ADDRESS')}/{m['prefixlen']}") == want
+               for m in ipr.get_addr(family=family, index=index))
+
+
+def enable_forwarding(version: int) -> None:
+    """ip_forward / IPv6 forwarding on (host namespace), only written when it is off."""
+    key = "net/ipv4/ip_forward" if version == 4 else "net/ipv6/conf/all/forwarding"
+    if sysctl.read(key) != "1":
+        sysctl.write(key, 1)

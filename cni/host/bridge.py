@@ -1,0 +1,200 @@
+"""Linux bridges and their ports, in the current (host) namespace.
+
+Error messages follow the reference plugin's wording, so logs read the same after a swap.
+"""
+
+from __future__ import annotations
+
+import time
+
+from cni.host import links, sysctl, veth
+from cni.spec.errors import CNIError, Code
+
+EOPNOTSUPP = 95
+VLAN_PVID = 0x2
+VLAN_UNTAGGED = 0x4
+BR_STATE_FORWARDING = 3
+HOST_NS = "/proc/thread-self/ns/net"  # both ends of a VLAN gateway veth stay here
+
+
+def _err(msg: str) -> CNIError:
+    return CNIError(Code.INTERNAL, msg)
+
+
+def ensure(name: str, mtu: int = 0, promisc: bool = False,
+           vlan_filtering: bool = False) -> links.Link:
+    """Create the bridge unless it exists (an existing one is kept as it is), then
+    promisc if asked, accept_ra=0 (we own its routes) and up. A non-bridge of that name is an
+    error."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    from cni.host import netns
+
+    with netns.iproute() as ipr:
+        attrs: dict = {"ifname": name, "kind": "bridge"}
+        if mtu:
+            attrs["mtu"] = mtu
+        if vlan_filtering:
+            attrs["br_vlan_filtering"] = 1
+        try:
+            ipr.link("add", **attrs)
+        except NetlinkError as e:
+            if e.code == EOPNOTSUPP and vlan_filtering:
+                raise _err(f"failed to create bridge {name!r}: could not add {name!r}: "
+                           "vlan filtering is not supported by this kernel") from None
+            if e.code != links.EEXIST:
+                raise _err(f"failed to create bridge {name!r}: could not add {name!r}: "
+                           f"{e.args[1] if len(e.args) > 1 else e}") from None
+        br = by_name(ipr, name)
+        if promisc and not br.promisc:
+            links.set_promisc(ipr, br.index)
+        try:
+            sysctl.write(sysctl.conf(6, name, "accept_ra"), 0)
+        except OSError:
+            pass  # no IPv6 on this host
+        links.set_up(ipr, br.index)
+        return by_name(ipr, name)
+
+
+def by_name(ipr, name: str) -> links.Link:
+    link = links.get(ipr, name)
+    if link is None:
+        raise _err(f'could not lookup "{name}": Link not found')
+    if link.kind != "bridge":
+        raise _err(f'"{name}" already exists but is not a bridge')
+    return link
+
+
+def lookup(name: str) -> links.Link:
+    from cni.host import netns
+
+    with netns.iproute() as ipr:
+        return by_name(ipr, name)
+
+
+def attach(port: str, bridge: links.Link, hairpin: bool, isolated: bool) -> links.Link:
+    """Enslave `port` to the bridge and set its hairpin and isolation flags."""
+    from cni.host import netns
+
+    with netns.iproute() as ipr:
+        link = links.get(ipr, port)
+        if link is None:
+            raise _err(f'failed to lookup "{port}"')
+        try:
+            ipr.link("set", index=link.index, master=bridge.index)
+        except Exception as e:
+            raise _err(f'failed to connect "{port}" to bridge {bridge.name}: {e}') from None
+        try:
+            ipr.brport("set", index=link.index, mode=int(hairpin))
+        except Exception as e:
+            raise _err(f"failed to setup hairpin mode for {port}: {e}") from None
+        try:
+            ipr.brport("set", index=link.index, isolated=int(isolated))
+        except Exception as e:
+            raise _err(f"failed to set isolated on {port}: {e}") from None
+        return links.get(ipr, port) or link
+
+
+def set_vlans(port: str, vlan: int, trunk: list[int], preserve_default: bool) -> None:
+    """Access port (`vlan`: PVID, untagged) or trunk port (tagged `trunk` VLANs)."""
+    from cni.host import netns
+
+    with netns.iproute() as ipr:
+        link = links.get(ipr, port)
+        if link is None:
+            raise _err(f'failed to lookup "{port}"')
+        if (vlan or trunk) and not preserve_default:
+            for entry in port_vlans(ipr, link.index):
+                try:
+                    ipr.vlan_filter("del", index=link.index, vlan_info={"vid": entry["vid"]})
+                except Exception as e:
+                    raise _err(f'failed to remove default vlan on interface "{port}": '
+                               f"{e}") from None
+        try:
+            if vlan:
+                ipr.vlan_filter("add", index=link.index,
+                                vlan_info={"vid": vlan, "flags": VLAN_PVID | VLAN_UNTAGGED})
+            for vid in trunk:
+                ipr.vlan_filter("add", index=link.index, vlan_info={"vid": vid, "flags": 0})
+        except Exception as e:
+            raise _err(f'failed to setup vlan tag on interface "{port}": {e}') from None
+
+
+def port_vlans(ipr, index: int) -> list[dict]:
+    """[{vid, pvid, untagged}] of one bridge port."""
+    out = []
+    for msg in ipr.get_vlans(index=index):
+        if msg["index"] != index:
+            continue
+        spec = msg.get("IFLA_AF_SPEC")
+        if spec is None:
+            continue
+        for info in spec.get_attrs("IFLA_BRIDGE_VLAN_INFO"):
+            out.append({"vid": info["vid"], "pvid": bool(info["flags"] & VLAN_PVID),
+                        "untagged": bool(info["flags"] & VLAN_UNTAGGED)})
+    return out
+
+
+def port_flags(ipr, index: int) -> dict:
+    """hairpin, isolated and STP state of a bridge port."""
+    msg = ipr.get_links(index)[0]
+    data = msg.get(("IFLA_LINKINFO", "IFLA_INFO_SLAVE_DATA"))
+    get = data.get if data is not None else (lambda _k: None)
+    return {"hairpin": bool(get("IFLA_BRPORT_MODE")),
+            "isolated": bool(get("IFLA_BRPORT_ISOLATED")),
+            "state": get("IFLA_BRPORT_STATE")}
+
+
+def pin_mac(name: str) -> None:
+    """Set the bridge's MAC to itself: otherwise it follows the lowest port MAC and changes as
+    ports come and go (reference #805)."""
+    from cni.host import netns
+
+    with netns.iproute() as ipr:
+        br = by_name(ipr, name)
+        try:
+            links.set_mac(ipr, br.index, br.mac)
+        except Exception as e:
+            raise _err(f"could not set bridge's mac: {e}") from None
+
+
+def wait_forwarding(port: str, delays: tuple[float, ...] = (0, 0.05, 0.5, 1, 1)) -> links.Link:
+    """Wait until the port is oper-up and forwarding, so traffic flows when ADD returns
+    (reference #463)."""
+    from cni.host import netns
+
+    with netns.iproute() as ipr:
+        link = None
+        for delay in delays:
+            time.sleep(delay)
+            link = links.get(ipr, port)
+            if link is None:
+                raise _err(f"failed to lookup {port!r}")
+            state = port_flags(ipr, link.index)["state"] if link.master else BR_STATE_FORWARDING
+            if link.operstate == "UP" and state == BR_STATE_FORWARDING:
+                return link
+        raise _err(f"bridge port in error state: {link.operstate if link else 'missing'}")
+
+
+def ensure_vlan_interface(bridge: links.Link, vlan: int,
+                          preserve_default: bool) -> tuple[links.Link, bool]:
+    """The gateway interface for a VLAN: a veth `<bridge>.<vlan>` in the host namespace whose
+    peer is an access port of that VLAN on the bridge (the reference's layout). Returns it and
+    whether it was created now."""
+    from cni.host import netns
+
+    name = f"{bridge.name}.{vlan}"
+    with netns.iproute() as ipr:
+        existing = links.get(ipr, name)
+    if existing is not None:
+        return existing, False
+    pair = veth.create(HOST_NS, name, mtu=bridge.mtu)
+    try:
+        attach(pair.host.name, bridge, hairpin=False, isolated=False)
+        set_vlans(pair.host.name, vlan, [], preserve_default)
+        with netns.iproute() as ipr:
+            links.set_up(ipr, pair.container.index)
+            return links.get(ipr, name) or pair.container, True
+    except Exception:
+        veth.delete_host_end(pair.host.name)
+        raise

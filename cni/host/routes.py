@@ -1,0 +1,72 @@
+"""Routes: add the routes of a CNI result, and find them again for CHECK."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from cni.spec.errors import CNIError, Code
+
+AF_INET, AF_INET6 = 2, 10
+
+
+def family_of(cidr: str) -> int:
+    return AF_INET if ipaddress.ip_network(cidr, strict=False).version == 4 else AF_INET6
+
+
+def _dst(cidr: str) -> dict:
+    net = ipaddress.ip_network(cidr, strict=False)
+    if net.prefixlen == 0:
+        return {"dst_len": 0, "family": family_of(cidr)}  # default: no RTA_DST at all
+    return {"dst": str(net.network_address), "dst_len": net.prefixlen,
+            "family": family_of(cidr)}
+
+
+def add(ipr, dst: str, oif: int, gw: str | None = None, *, mtu: int = 0, advmss: int = 0,
+        priority: int = 0, table: int | None = None, scope: int | None = None,
+        ifname: str = "") -> None:
+    """Add one route through `oif`; an identical route already there is fine."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    spec: dict = {**_dst(dst), "oif": oif}
+    if gw:
+        spec["gateway"] = gw
+    metrics = {k: v for k, v in (("RTAX_MTU", mtu), ("RTAX_ADVMSS", advmss)) if v}
+    if metrics:
+        spec["metrics"] = metrics
+    if priority:
+        spec["priority"] = priority
+    if table is not None:
+        spec["table"] = table
+    if scope is not None:
+        spec["scope"] = scope
+    try:
+        ipr.route("add", **spec)
+    except NetlinkError as e:
+        if e.code == 17 and find(ipr, dst, gw):
+            return
+        raise CNIError(Code.INTERNAL, f"failed to add route '{dst} via {gw} dev {ifname}': "
+                       f"{e.args[1] if len(e.args) > 1 else e}") from None
+
+
+def find(ipr, dst: str, gw: str | None = None) -> list:
+    """Routes (main table and others) to exactly `dst`, through `gw` if given."""
+    want = ipaddress.ip_network(dst, strict=False)
+    found = []
+    for msg in ipr.get_routes(family=family_of(dst), table=None):
+        if msg["dst_len"] != want.prefixlen:
+            continue
+        got = msg.get("RTA_DST")
+        if want.prefixlen and (got is None or ipaddress.ip_address(got) != want.network_address):
+            continue
+        if gw and _gateways(msg) and gw not in _gateways(msg):
+            continue
+        found.append(msg)
+    return found
+
+
+def _gateways(msg) -> list[str]:
+    gws = [msg.get("RTA_GATEWAY")] if msg.get("RTA_GATEWAY") else []
+    for hop in msg.get("RTA_MULTIPATH") or []:
+        if hop.get("RTA_GATEWAY"):
+            gws.append(hop.get("RTA_GATEWAY"))
+    return gws

@@ -1,0 +1,112 @@
+"""veth pairs between the host namespace (where we run) and a container namespace.
+
+The container end is created directly inside the container namespace (the peer gets the
+namespace fd in the same RTM_NEWLINK), so it never appears on the host under a name that could
+clash with a host interface, and there is no window where it sits half-moved.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+
+from cni.host import links, netns, sysctl
+from cni.spec.errors import CNIError, Code
+
+ATTEMPTS = 10
+
+
+@dataclass
+class Pair:
+    host: links.Link
+    container: links.Link
+
+
+def random_name() -> str:
+    """`veth` + 8 random hex digits, as the reference names host ends."""
+    return "veth" + secrets.token_hex(4)
+
+
+def create(container_ns: int | str, ifname: str, mtu: int = 0, mac: str = "",
+           host_name: str = "") -> Pair:
+    """Create the pair; the host end is up with accept_ra=0, the container end is down.
+
+    Retries with a new random host name on EEXIST (another plugin raced us for the name).
+    """
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    with netns.iproute(container_ns) as cipr:
+        if links.get(cipr, ifname) is not None:
+            raise CNIError(Code.INTERNAL,
+                           f"container veth name provided ({ifname}) already exists")
+    fd = netns.open_ns(container_ns)
+    try:
+        with netns.iproute() as ipr:
+            for _ in range(ATTEMPTS):
+                name = host_name or random_name()
+                peer: dict = {"ifname": ifname, "net_ns_fd": fd}
+                if mac:
+                    peer["address"] = mac
+                if mtu:
+                    peer["mtu"] = mtu
+                try:
+                    ipr.link("add", ifname=name, kind="veth", peer=peer,
+                             **({"mtu": mtu} if mtu else {}))
+                except NetlinkError as e:
+                    if e.code == links.EEXIST and not host_name and links.get(ipr, name):
+                        continue  # our random name was taken: draw another
+                    if e.code == links.EEXIST:
+                        raise CNIError(Code.INTERNAL, f"container veth name provided ({ifname}) "
+                                       "already exists") from None
+                    raise CNIError(Code.INTERNAL, f"failed to make veth pair: {e}") from None
+                return _finish(ipr, name, container_ns, ifname)
+    finally:
+        os.close(fd)
+    raise CNIError(Code.INTERNAL, "failed to find a unique veth name")
+
+
+def _finish(ipr, name: str, container_ns: int | str, ifname: str) -> Pair:
+    host = links.get(ipr, name)
+    if host is None:
+        raise CNIError(Code.INTERNAL, f"failed to lookup {name!r} after creating it")
+    links.set_up(ipr, host.index)
+    try:
+        sysctl.write(sysctl.conf(6, name, "accept_ra"), 0)  # we own this interface's routes
+    except OSError:
+        pass  # IPv6 disabled on the host: nothing to accept RAs anyway
+    with netns.iproute(container_ns) as cipr:
+        container = links.get(cipr, ifname)
+    if container is None:
+        raise CNIError(Code.INTERNAL, f"failed to lookup {ifname!r} in the container")
+    return Pair(host=links.get(ipr, name) or host, container=container)
+
+
+def delete_container_end(container_ns: int | str, ifname: str) -> list[str] | None:
+    """Delete the container's veth (the host end goes with it); its addresses, or None if the
+    link was not there. A missing namespace raises netns.NetnsMissing."""
+    with netns.iproute(container_ns) as cipr:
+        link = links.get(cipr, ifname)
+        if link is None:
+            return None
+        addrs = links.addresses(cipr, link.index)
+        cipr.link("del", index=link.index)
+        return addrs
+
+
+def delete_host_end(name: str) -> None:
+    """Undo for a failed ADD: deleting the host end removes both ends."""
+    with netns.iproute() as ipr:
+        links.delete(ipr, name)
+
+
+def peer_of(container_ns: int | str, ifname: str) -> tuple[links.Link, links.Link | None]:
+    """The container's veth and, in our namespace, its host peer (None if not found here)."""
+    with netns.iproute(container_ns) as cipr:
+        link = links.get(cipr, ifname)
+    if link is None:
+        raise CNIError(Code.INTERNAL, f"failed to find link {ifname!r} in the container")
+    if link.kind != "veth":
+        raise CNIError(Code.INTERNAL, f"error: container interface {ifname} not of type veth")
+    with netns.iproute() as ipr:
+        return link, links.by_index(ipr, link.peer_index)

@@ -1,0 +1,459 @@
+"""bridge: pods on a Linux bridge through veth pairs, as the reference plugin.
+
+add / delete / check read like the reference's cmdAdd / cmdDel / cmdCheck, step by step; the
+kernel work is in cni.host.*. Differences from the reference, all deliberate:
+- a failed ADD undoes what it did (IPAM reservation, veth, spoof check and masquerade rules);
+- DEL removes this attachment's masquerade / spoof-check rules by their comment even when
+  CNI_NETNS is empty or gone (reference #810), and tolerates configs ADD would refuse;
+- the bridge MAC is pinned on every ADD, not only with isGateway (reference #805);
+- ADD returns once the port forwards, not only when it is oper-up (reference #463);
+- ipMasq uses nftables; `ipMasqBackend: "iptables"` is refused (error 2).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from pydantic import Field, StrictBool, StrictInt, StrictStr
+
+from cni.host import addrs, bridge, links, masq, netns, routes, spoofchk, veth
+from cni.ipam import delegate as ipam
+from cni.skel import Request, validate_ifname
+from cni.spec.config import Model, PluginConf, parse
+from cni.spec.errors import CNIError, Code, invalid_config, unsupported
+from cni.spec.result import Result
+
+_MAC = re.compile(r"^[0-9a-fA-F]{2}([:-][0-9a-fA-F]{2}){5}$")
+Bool = Annotated[bool, StrictBool]
+Int = Annotated[int, StrictInt]
+
+
+class VlanTrunk(Model):
+    minID: Int | None = None
+    maxID: Int | None = None
+    id: Int | None = None
+
+
+class NetConf(PluginConf):
+    bridge: StrictStr = "cni0"
+    isGateway: Bool = False
+    isDefaultGateway: Bool = False
+    forceAddress: Bool = False
+    ipMasq: Bool = False
+    ipMasqBackend: StrictStr | None = None
+    mtu: Int = 0
+    hairpinMode: Bool = False
+    promiscMode: Bool = False
+    vlan: Int = 0
+    vlanTrunk: list[VlanTrunk] | None = None
+    preserveDefaultVlan: Bool = True
+    macspoofchk: Bool = False
+    enabledad: Bool = False
+    disableContainerInterface: Bool = False
+    portIsolation: Bool = False
+    # Derived by load(), not config keys.
+    mac: str = Field(default="", exclude=True)
+    vlans: list[int] = Field(default_factory=list, exclude=True)
+
+    @property
+    def ipam_type(self) -> str:
+        value = (self.ipam or {}).get("type", "")
+        return value if isinstance(value, str) else ""
+
+
+# --- config ---------------------------------------------------------------------------------
+
+def load(req: Request, strict: bool = True) -> NetConf:
+    """Parse and validate the config (the reference's loadNetConf). With strict=False (DEL, GC,
+    STATUS) only types are checked: a config ADD would refuse must still be deletable."""
+    conf = parse(NetConf, {k: v for k, v in req.config.items() if k not in ("mac", "vlans")})
+    if not strict:
+        return conf
+    validate_ifname_key("bridge", conf.bridge)
+    if conf.mtu and not 68 <= conf.mtu <= 65535:
+        raise invalid_config("mtu", conf.mtu, "must be between 68 and 65535")
+    if not 0 <= conf.vlan <= 4094:
+        raise invalid_config("vlan", conf.vlan, "invalid VLAN ID (must be between 0 and 4094)")
+    conf.vlans = collect_vlan_trunk(conf.vlanTrunk)
+    if conf.vlan and conf.vlans:
+        raise invalid_config("vlanTrunk", [t.model_dump(exclude_none=True)
+                                           for t in conf.vlanTrunk or []],
+                             "cannot set vlan and vlanTrunk at the same time")
+    if conf.ipMasqBackend == "iptables":
+        raise unsupported("ipMasqBackend", "iptables", "only the nftables backend is built")
+    if conf.ipMasqBackend not in (None, "nftables"):
+        raise invalid_config("ipMasqBackend", conf.ipMasqBackend, "unrecognized ipMasqBackend")
+    conf.mac = container_mac(req, conf)
+    return conf
+
+
+def validate_ifname_key(key: str, name: str) -> None:
+    try:
+        validate_ifname(name)
+    except CNIError as e:
+        raise invalid_config(key, name, e.msg) from None
+
+
+def collect_vlan_trunk(trunks: list[VlanTrunk] | None) -> list[int]:
+    """The sorted set of trunk VLAN IDs, with the reference's range checks."""
+    vids: set[int] = set()
+    for i, item in enumerate(trunks or []):
+        if item.minID is not None and item.maxID is not None:
+            for key, value in (("minID", item.minID), ("maxID", item.maxID)):
+                if not 0 < value <= 4094:
+                    raise invalid_config(f"vlanTrunk[{i}].{key}", value,
+                                         f"incorrect trunk {key} parameter")
+            if item.maxID < item.minID:
+                raise invalid_config(f"vlanTrunk[{i}]", item.model_dump(exclude_none=True),
+                                     "minID is greater than maxID in trunk parameter")
+            vids.update(range(item.minID, item.maxID + 1))
+        if item.id is not None:
+            if not 0 < item.id <= 4094:
+                raise invalid_config(f"vlanTrunk[{i}].id", item.id,
+                                     "incorrect trunk id parameter")
+            vids.add(item.id)
+    return sorted(vids)
+
+
+def container_mac(req: Request, conf: NetConf) -> str:
+    """runtimeConfig.mac > args.cni.mac > CNI_ARGS MAC= (the reference's precedence)."""
+    mac = cni_args_mac(req)
+    cni = (conf.args or {}).get("cni")
+    if isinstance(cni, dict) and cni.get("mac"):
+        mac = check_mac("args.cni.mac", cni["mac"])
+    if req.runtime_config.get("mac"):
+        mac = check_mac("runtimeConfig.mac", req.runtime_config["mac"])
+    return mac
+
+
+def cni_args_mac(req: Request) -> str:
+    """CNI_ARGS as the reference's LoadArgs into {IgnoreUnknown, MAC}: other keys are refused
+    unless IgnoreUnknown is true."""
+    known = {"IgnoreUnknown", "MAC"}
+    unknown = [f"{k}={v}" for k, v in req.args if k not in known]
+    ignore = req.arg("IgnoreUnknown")
+    if ignore is not None and ignore.lower() not in ("1", "true", "0", "false"):
+        raise CNIError(Code.INVALID_ENV, f"CNI_ARGS: invalid IgnoreUnknown {ignore!r}: "
+                       "boolean unmarshal error")
+    if unknown and (ignore or "").lower() not in ("1", "true"):
+        raise CNIError(Code.INVALID_ENV, f"ARGS: unknown args {unknown}")
+    mac = req.arg("MAC")
+    if not mac:
+        return ""
+    if not _MAC.match(mac) or int(mac[:2], 16) & 1:
+        raise CNIError(Code.INVALID_ENV, f"invalid CNI_ARGS MAC {mac!r}: not a unicast MAC")
+    return mac.lower().replace("-", ":")
+
+
+def check_mac(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not _MAC.match(value) or int(value[:2], 16) & 1:
+        raise invalid_config(key, value, "not a unicast MAC address")
+    return value.lower().replace("-", ":")
+
+
+# --- ADD ------------------------------------------------------------------------------------
+
+class Undo:
+    """What a failing ADD must take back, run newest first."""
+
+    def __init__(self, req: Request) -> None:
+        self.req = req
+        self.steps: list[tuple[str, Callable[[], Any]]] = []
+
+    def push(self, what: str, fn: Callable[[], Any]) -> None:
+        self.steps.append((what, fn))
+
+    def run(self) -> None:
+        for what, fn in reversed(self.steps):
+            try:
+                fn()
+            except Exception as e:  # keep undoing: the original error is what we report
+                self.req.log(f"undo {what} failed: {e}")
+
+
+def add(req: Request) -> Result:
+    conf = load(req)
+    is_layer3 = conf.ipam_type != ""
+    if is_layer3 and conf.disableContainerInterface:
+        raise invalid_config("disableContainerInterface", True,
+                             "cannot use IPAM when DisableContainerInterface flag is set")
+    if conf.isDefaultGateway:
+        conf.isGateway = True
+    if conf.hairpinMode and conf.promiscMode:
+        raise invalid_config("promiscMode", True,
+                             "cannot set hairpin mode and promiscuous mode at the same time")
+    if is_layer3:
+        ipam.validate_type(conf.ipam_type)
+
+    undo = Undo(req)
+    try:
+        return _add(req, conf, is_layer3, undo)
+    except BaseException:
+        undo.run()
+        raise
+
+
+def _add(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Result:
+    br = bridge.ensure(conf.bridge, conf.mtu, conf.promiscMode,
+                       vlan_filtering=bool(conf.vlan or conf.vlanTrunk is not None))
+    bridge.pin_mac(br.name)
+
+    pair = veth.create(req.netns_target, req.ifname, conf.mtu, conf.mac)
+    undo.push("veth", lambda: veth.delete_host_end(pair.host.name))
+    bridge.attach(pair.host.name, br, conf.hairpinMode, conf.portIsolation)
+    bridge.set_vlans(pair.host.name, conf.vlan, conf.vlans, conf.preserveDefaultVlan)
+
+    if conf.macspoofchk:
+        undo.push("spoof check", lambda: spoofchk.teardown(conf.name, req.ifname,
+                                                           req.container_id))
+        spoofchk.setup(pair.host.name, pair.container.mac, conf.name, req.ifname,
+                       req.container_id)
+
+    result: Result = {
+        "cniVersion": req.version,
+        "interfaces": [
+            {"name": br.name, "mac": br.mac},
+            {"name": pair.host.name, "mac": pair.host.mac},
+            {"name": req.ifname, "mac": pair.container.mac, "sandbox": req.netns},
+        ],
+        "ips": [], "routes": [], "dns": {},
+    }
+
+    if is_layer3:
+        ipam_result = ipam.add(req, conf.ipam_type)
+        undo.push("IPAM reservation", lambda: ipam.delete(req, conf.ipam_type))
+        result["ips"] = ipam_result.get("ips", [])
+        result["routes"] = ipam_result.get("routes", [])
+        result["dns"] = ipam_result.get("dns", {})
+        if not result["ips"]:
+            raise CNIError(Code.INTERNAL, "IPAM plugin returned missing IP config")
+
+        gateways = calc_gateways(result, conf)
+
+        with netns.entered(req.netns_target):
+            addrs.set_dad(req.ifname, conf.enabledad)
+            addrs.set_arp_notify(req.ifname)
+            addrs.configure_iface(req.ifname, result["ips"], result["routes"])
+
+        if conf.isGateway:
+            setup_gateways(conf, br, gateways, result)
+
+        if conf.ipMasq:
+            undo.push("masquerade rules", lambda: masq.teardown(conf.name, req.ifname,
+                                                                req.container_id))
+            masq.setup([ip["address"] for ip in result["ips"]], conf.name, req.ifname,
+                       req.container_id)
+    elif not conf.disableContainerInterface:
+        with netns.iproute(req.netns_target) as cipr:
+            links.set_up(cipr, pair.container.index)
+
+    if not conf.disableContainerInterface:
+        host = bridge.wait_forwarding(pair.host.name)
+    else:
+        with netns.iproute() as ipr:
+            host = links.get(ipr, pair.host.name) or pair.host
+    # The host end's MAC and the bridge's can change as the port comes up: report them now.
+    result["interfaces"][1]["mac"] = host.mac
+    result["interfaces"][0]["mac"] = bridge.lookup(br.name).mac
+
+    if conf.dns is not None and any(conf.dns.model_dump().values()):
+        result["dns"] = conf.dns.model_dump(exclude_defaults=True)
+    return result
+
+
+def calc_gateways(result: Result, conf: NetConf) -> dict[int, list[str]]:
+    """Point every IP at the container interface (index 2), default each gateway to the
+    subnet's first address (isGateway) and add a default route per family (isDefaultGateway).
+    Returns the gateway addresses for the bridge, 'gw/prefix' by IP version."""
+    gateways: dict[int, list[str]] = {4: [], 6: []}
+    default_found: dict[int, bool] = {4: False, 6: False}
+    for ipc in result["ips"]:
+        iface = ipaddress.ip_interface(ipc["address"])
+        fam = iface.version
+        ipc["interface"] = 2
+        if not ipc.get("gateway") and conf.isGateway:
+            ipc["gateway"] = str(iface.network.network_address + 1)
+        if conf.isDefaultGateway and not default_found[fam]:
+            zero = "0.0.0.0/0" if fam == 4 else "::/0"
+            default_found[fam] = any(
+                r.get("gw") and ipaddress.ip_network(r["dst"], strict=False)
+                == ipaddress.ip_network(zero) for r in result["routes"])
+            if not default_found[fam]:
+                route = {"dst": zero}
+                if ipc.get("gateway"):
+                    route["gw"] = ipc["gateway"]
+                result["routes"].append(route)
+                default_found[fam] = True
+        if conf.isGateway:
+            gateways[fam].append(f"{ipc['gateway']}/{iface.network.prefixlen}")
+    return gateways
+
+
+def setup_gateways(conf: NetConf, br: links.Link, gateways: dict[int, list[str]],
+                   result: Result) -> None:
+    """Gateway addresses on the bridge (or its VLAN interface) and forwarding on."""
+    vlan_iface: links.Link | None = None
+    for fam in (4, 6):
+        for gw in gateways[fam]:
+            if conf.vlan:
+                if vlan_iface is None:
+                    vlan_iface, _ = bridge.ensure_vlan_interface(br, conf.vlan,
+                                                                 conf.preserveDefaultVlan)
+                    result["interfaces"].append({"name": vlan_iface.name,
+                                                 "mac": vlan_iface.mac})
+                target = vlan_iface.name
+            else:
+                target = br.name
+            try:
+                addrs.ensure_gateway(target, gw, conf.forceAddress)
+            except CNIError as e:
+                what = "vlan interface for bridge with addr" if conf.vlan else "bridge addr"
+                raise CNIError(e.code, f"failed to set {what}: {e.msg}") from None
+        if gateways[fam]:
+            try:
+                addrs.enable_forwarding(fam)
+            except OSError as e:
+                raise CNIError(Code.INTERNAL, f"failed to enable forwarding: {e}") from None
+
+
+# --- DEL ------------------------------------------------------------------------------------
+
+def delete(req: Request) -> None:
+    conf = load(req, strict=False)
+    is_layer3 = conf.ipam_type != ""
+
+    if req.netns or req.netns_fd is not None:
+        try:
+            veth.delete_container_end(req.netns_target, req.ifname)
+        except netns.NetnsMissing:
+            pass  # the namespace is gone, and the veth with it
+
+    if is_layer3:
+        ipam.delete(req, conf.ipam_type)
+
+    # By comment, so nothing leaks whatever CNI_NETNS was; only an error if the feature is on.
+    _teardown(conf.macspoofchk, lambda: spoofchk.teardown(conf.name, req.ifname,
+                                                          req.container_id), req)
+    _teardown(conf.ipMasq, lambda: masq.teardown(conf.name, req.ifname, req.container_id), req)
+
+
+def _teardown(enabled: bool, fn: Callable[[], Any], req: Request) -> None:
+    from cni.host.nft import NftError
+
+    try:
+        fn()
+    except NftError as e:
+        if enabled:
+            raise CNIError(Code.INTERNAL, str(e)) from None
+        req.log(f"skipped nftables cleanup: {e}")
+
+
+# --- CHECK ----------------------------------------------------------------------------------
+
+def check(req: Request) -> None:
+    conf = load(req)
+    if conf.ipam_type:
+        ipam.check(req, conf.ipam_type)
+    prev = req.prev_result
+    if prev is None:
+        raise CNIError(Code.INVALID_CONFIG, "Required prevResult missing")
+
+    br_entry = cont_entry = None
+    for intf in prev.get("interfaces", []):
+        if intf["name"] == conf.bridge:
+            br_entry = intf
+        elif intf["name"] == req.ifname and intf.get("sandbox") == req.netns:
+            cont_entry = intf
+    if br_entry is None:
+        raise CNIError(Code.INTERNAL, f"bridge {conf.bridge} not found in prevResult")
+    if cont_entry is None:
+        raise CNIError(Code.INTERNAL, f"interface {req.ifname} in {req.netns} not found in "
+                       "prevResult")
+
+    br = check_bridge(conf, br_entry)
+    cont, peer = veth.peer_of(req.netns_target, req.ifname)
+    if cont_entry.get("mac") and cont.mac != cont_entry["mac"].lower():
+        raise CNIError(Code.INTERNAL, f"Interface {req.ifname} Mac {cont_entry['mac']} doesn't "
+                       f"match container Mac: {cont.mac}")
+    host_names = {i["name"] for i in prev.get("interfaces", []) if not i.get("sandbox")}
+    if peer is None or peer.kind != "veth" or peer.name not in host_names:
+        raise CNIError(Code.INTERNAL, f"host veth peer of {req.ifname} not found in prevResult")
+    if peer.master != br.index:
+        raise CNIError(Code.INTERNAL,
+                       f"Interface {peer.name} not attached to bridge {conf.bridge}")
+
+    with netns.iproute(req.netns_target) as cipr:
+        for ipc in prev.get("ips", []):
+            if not addrs.has(cipr, cont.index, ipc["address"]):
+                raise CNIError(Code.INTERNAL, f"Failed to match addr {ipc['address']} on "
+                               f"interface {req.ifname}")
+        for route in prev.get("routes", []):
+            if not routes.find(cipr, route["dst"], route.get("gw")):
+                raise CNIError(Code.INTERNAL, f"Failed to find route '{route['dst']}' in "
+                               "container")
+
+    if conf.ipMasq:
+        have = set(masq.present(conf.name, req.ifname, req.container_id))
+        for ipc in prev.get("ips", []):
+            address = str(ipaddress.ip_interface(ipc["address"]).ip)
+            if address not in have:
+                raise CNIError(Code.INTERNAL, f"masquerade rule for {address} is missing")
+    if conf.macspoofchk and not spoofchk.present(conf.name, req.ifname, req.container_id):
+        raise CNIError(Code.INTERNAL, f"mac spoof check for {req.ifname} is missing")
+
+
+def check_bridge(conf: NetConf, entry: dict) -> links.Link:
+    try:
+        br = bridge.lookup(conf.bridge)
+    except CNIError as e:
+        raise CNIError(Code.INTERNAL, e.msg) from None
+    if entry.get("mac") and br.mac != entry["mac"].lower():
+        raise CNIError(Code.INTERNAL, f"Bridge interface {conf.bridge} Mac doesn't match: "
+                       f"{entry['mac']}")
+    if conf.promiscMode and not br.promisc:
+        raise CNIError(Code.INTERNAL, f"Bridge interface {conf.bridge} not in promiscuous mode")
+    return br
+
+
+# --- GC / STATUS ----------------------------------------------------------------------------
+
+def valid_attachments(req: Request) -> set[tuple[str, str]]:
+    items = req.config.get("cni.dev/valid-attachments")
+    if items is None:
+        items = req.config.get("cni.dev/attachments")
+    if items is None:
+        items = []
+    if not isinstance(items, list):
+        raise invalid_config("cni.dev/valid-attachments", items, "must be a list")
+    out = set()
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("containerID"), str) \
+                or not isinstance(item.get("ifname"), str):
+            raise invalid_config("cni.dev/valid-attachments", item,
+                                 "each needs containerID and ifname")
+        out.add((item["containerID"], item["ifname"]))
+    return out
+
+
+def gc(req: Request) -> None:
+    conf = load(req, strict=False)
+    valid = valid_attachments(req)
+    _teardown(conf.ipMasq, lambda: masq.gc(conf.name, valid), req)
+    _teardown(conf.macspoofchk, lambda: spoofchk.gc(conf.name, valid), req)
+    if conf.ipam_type:
+        ipam.gc(req, conf.ipam_type)
+
+
+def status(req: Request) -> None:
+    conf = load(req, strict=False)
+    if conf.ipMasq or conf.macspoofchk:
+        from cni.host import nft
+        ok, why = nft.available()
+        if not ok:
+            raise CNIError(Code.NOT_AVAILABLE, f"nftables is not usable: {why}")
+    if conf.ipam_type:
+        ipam.status(req, conf.ipam_type)
+
