@@ -1,0 +1,342 @@
+"""Reliability harness: run sizes, which pieces exist, configs, the runtime CLI, killing on cue.
+
+Short runs (`make test`) and long runs (`make reliability`, PYCNI_LONG=1) execute the same code;
+only the counts differ. A test whose plugin or runtime module has not landed yet is skipped with
+the module's name, so it starts running the moment the module exists.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import secrets
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cnitest import BIN, ROOT, VENV_PY, Netns
+
+LONG = os.environ.get("PYCNI_LONG", "") not in ("", "0")
+CNI_VERSION = "1.1.0"
+# Every bounded wait in the harness: long enough for a loaded 2-core box, never a pass criterion.
+TIMEOUT = 120.0
+
+PLUGIN_MODULES = {
+    "loopback": "cni.plugins.loopback",
+    "host-local": "cni.plugins.host_local",
+    "bridge": "cni.plugins.bridge",
+    "portmap": "cni.plugins.portmap",
+    "bandwidth": "cni.plugins.bandwidth",
+}
+RUNTIME_MODULES = ("cni.cli", "cni.runtime")
+DAEMON_MODULE = "cni.fast.daemon"
+
+
+def count(short: int, long: int) -> int:
+    """How many times to try something: PYCNI_RELIABILITY_COUNT overrides both (for bisecting)."""
+    forced = os.environ.get("PYCNI_RELIABILITY_COUNT")
+    if forced:
+        return int(forced)
+    return long if LONG else short
+
+
+def have(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def need(*modules: str) -> None:
+    missing = [m for m in modules if not have(m)]
+    if missing:
+        pytest.skip(f"not landed yet: {', '.join(missing)}")
+
+
+# What a plugin cannot run without (bridge's IPAM in our test configs).
+PLUGIN_DEPS = {"bridge": ("host-local",)}
+
+
+def need_plugins(*plugins: str) -> None:
+    wanted = [d for p in plugins for d in (p, *PLUGIN_DEPS.get(p, ()))]
+    need(*dict.fromkeys(PLUGIN_MODULES[p] for p in wanted))
+
+
+def need_runtime() -> None:
+    need("cni.cli")
+    if not _cli_has("gc"):
+        pytest.skip("not landed yet: the gc command in cni.cli")
+
+
+def _cli_has(verb: str) -> bool:
+    try:
+        text = (ROOT / "cni" / "cli.py").read_text()
+    except OSError:
+        return False
+    return f'"{verb}"' in text or f"def {verb}" in text or f"'{verb}'" in text
+
+
+def token() -> str:
+    """A short per-test tag; container IDs carry it, so stray state is traceable to its test."""
+    return "rl" + secrets.token_hex(3)
+
+
+# ---- configs ---------------------------------------------------------------------------------
+
+@dataclass
+class Net:
+    """One test network: name, subnet, and where host-local and the runtime keep state."""
+
+    name: str
+    data_dir: Path
+    cache_dir: Path
+    subnet: str = "10.77.0.0/24"
+    range_start: str = ""
+    range_end: str = ""
+    bridge: str = "rlbr0"
+    extra_ipam: dict[str, Any] = field(default_factory=dict)
+
+    def ipam(self) -> dict[str, Any]:
+        rng: dict[str, Any] = {"subnet": self.subnet}
+        if self.range_start:
+            rng["rangeStart"] = self.range_start
+        if self.range_end:
+            rng["rangeEnd"] = self.range_end
+        return {"type": "host-local", "ranges": [[rng]], "dataDir": str(self.data_dir),
+                "routes": [{"dst": "0.0.0.0/0"}], **self.extra_ipam}
+
+    def host_local(self) -> dict[str, Any]:
+        return {"cniVersion": CNI_VERSION, "name": self.name, "type": "host-local",
+                "ipam": self.ipam()}
+
+    def bridge_conf(self) -> dict[str, Any]:
+        return {"cniVersion": CNI_VERSION, "name": self.name, "type": "bridge",
+                "bridge": self.bridge, "isGateway": True, "ipMasq": True,
+                "ipMasqBackend": "nftables", "ipam": self.ipam()}
+
+    def portmap_conf(self, prev: dict[str, Any], mappings: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"cniVersion": CNI_VERSION, "name": self.name, "type": "portmap",
+                "backend": "nftables", "snat": True, "capabilities": {"portMappings": True},
+                "runtimeConfig": {"portMappings": mappings}, "prevResult": prev}
+
+    def bandwidth_conf(self, prev: dict[str, Any], rate: int = 8_000_000) -> dict[str, Any]:
+        return {"cniVersion": CNI_VERSION, "name": self.name, "type": "bandwidth",
+                "capabilities": {"bandwidth": True},
+                "runtimeConfig": {"bandwidth": {
+                    "ingressRate": rate, "ingressBurst": rate, "egressRate": rate,
+                    "egressBurst": rate}},
+                "prevResult": prev}
+
+    def conflist(self) -> dict[str, Any]:
+        """The whole chain, as conf/10-pycni.conflist has it, but with test-private state."""
+        return {
+            "cniVersion": CNI_VERSION, "name": self.name,
+            "plugins": [
+                {"type": "loopback"},
+                {k: v for k, v in self.bridge_conf().items() if k not in ("cniVersion", "name")},
+                {"type": "portmap", "backend": "nftables", "snat": True,
+                 "capabilities": {"portMappings": True}},
+                {"type": "bandwidth", "capabilities": {"bandwidth": True}},
+            ],
+        }
+
+
+def mappings(port: int) -> list[dict[str, Any]]:
+    return [{"hostPort": port, "containerPort": 80, "protocol": "tcp"},
+            {"hostPort": port, "containerPort": 53, "protocol": "udp"}]
+
+
+def bandwidth_caps(rate: int = 8_000_000) -> dict[str, Any]:
+    return {"ingressRate": rate, "ingressBurst": rate, "egressRate": rate, "egressBurst": rate}
+
+
+def plugin_env(command: str, cid: str, netns: str, ifname: str = "eth0",
+               extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+           "CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": netns,
+           "CNI_IFNAME": ifname, "CNI_PATH": str(BIN)}
+    env.update(extra or {})
+    return env
+
+
+# ---- the runtime CLI -------------------------------------------------------------------------
+
+@dataclass
+class Runtime:
+    """`pycni add|check|del|gc|status` exec'd inside the host namespace, like cnitool."""
+
+    host: Netns
+    net: Net
+    conf_dir: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def write_conflist(self, conflist: dict[str, Any] | None = None) -> Path:
+        self.conf_dir.mkdir(parents=True, exist_ok=True)
+        path = self.conf_dir / "10-rel.conflist"
+        path.write_text(json.dumps(conflist or self.net.conflist()))
+        return path
+
+    def argv(self, verb: str, *args: str) -> list[str]:
+        return ["ip", "netns", "exec", self.host.name, str(VENV_PY), "-m", "cni.cli", verb,
+                self.net.name, *args]
+
+    def env(self, cid: str = "", caps: dict[str, Any] | None = None,
+            cni_args: str = "") -> dict[str, str]:
+        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+               "NETCONFPATH": str(self.conf_dir), "CNI_PATH": str(BIN),
+               "PYCNI_CACHE_DIR": str(self.net.cache_dir), "PYTHONPATH": str(ROOT)}
+        if cid:
+            env["CNI_CONTAINERID"] = cid
+        if caps:
+            env["CAP_ARGS"] = json.dumps(caps)
+        if cni_args:
+            env["CNI_ARGS"] = cni_args
+        env.update(self.extra_env)
+        return env
+
+    def run(self, verb: str, netns: str, cid: str = "", caps: dict[str, Any] | None = None,
+            timeout: float = TIMEOUT) -> tuple[int, Any, str]:
+        proc = subprocess.run(self.argv(verb, netns), env=self.env(cid, caps),
+                              capture_output=True, timeout=timeout, cwd=ROOT)
+        return proc.returncode, parse(proc.stdout), proc.stderr.decode("utf-8", "replace")
+
+    def run_gc(self, valid: list[dict[str, str]] | None = None) -> tuple[int, Any, str]:
+        """`pycni gc <net>`; valid=[] passes an explicit empty valid-attachments list."""
+        extra = ["--valid-attachments", json.dumps(valid)] if valid is not None else []
+        proc = subprocess.run(self.argv("gc", *extra), env=self.env(), capture_output=True,
+                              timeout=TIMEOUT, cwd=ROOT)
+        return proc.returncode, parse(proc.stdout), proc.stderr.decode("utf-8", "replace")
+
+    def ok(self, verb: str, netns: str, cid: str = "", caps: dict[str, Any] | None = None) -> Any:
+        code, out, err = self.run(verb, netns, cid, caps)
+        assert code == 0, f"pycni {verb} {cid} failed ({code}): {out} {err[-2000:]}"
+        return out
+
+    def popen(self, verb: str, netns: str, cid: str,
+              caps: dict[str, Any] | None = None) -> subprocess.Popen:
+        return subprocess.Popen(self.argv(verb, netns), env=self.env(cid, caps), cwd=ROOT,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+
+
+def parse(raw: bytes) -> Any:
+    text = raw.decode("utf-8", "replace")
+    try:
+        return json.loads(text) if text.strip() else None
+    except ValueError:
+        return text
+
+
+def pod_caps(port: int) -> dict[str, Any]:
+    return {"portMappings": mappings(port), "bandwidth": bandwidth_caps()}
+
+
+# ---- plugins exec'd directly ------------------------------------------------------------------
+
+def plugin_argv(host: Netns, plugin: str) -> list[str]:
+    return ["ip", "netns", "exec", host.name, str(BIN / plugin)]
+
+
+def exec_plugin(host: Netns, plugin: str, command: str, conf: dict[str, Any] | bytes, cid: str,
+                netns: str, ifname: str = "eth0", extra: dict[str, str] | None = None,
+                timeout: float = TIMEOUT) -> tuple[int, Any, str]:
+    stdin = conf if isinstance(conf, bytes) else json.dumps(conf).encode()
+    proc = subprocess.run(plugin_argv(host, plugin), input=stdin,
+                          env=plugin_env(command, cid, netns, ifname, extra),
+                          capture_output=True, timeout=timeout)
+    return proc.returncode, parse(proc.stdout), proc.stderr.decode("utf-8", "replace")
+
+
+# ---- killing on cue ----------------------------------------------------------------------------
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of pid (by /proc ppid), children first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+@dataclass
+class KillOutcome:
+    landed: bool  # the kill hit a live process before the ADD completed
+    code: int | None
+    stdout: bytes
+
+
+def kill_after(proc: subprocess.Popen, delay: float,
+               targets: Callable[[subprocess.Popen], Sequence[int]] | None = None,
+               stdin: bytes | None = None) -> KillOutcome:
+    """Let proc run for `delay` s, then SIGKILL the chosen pids (default: its whole session).
+
+    `landed` is whether something was still running and got killed: a kill that comes after
+    the ADD finished tests nothing and is counted apart.
+    """
+    if stdin is not None and proc.stdin is not None:
+        try:
+            proc.stdin.write(stdin)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        proc.stdin = None  # communicate() below must not flush it again
+    deadline = time.monotonic() + delay
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(min(0.005, max(0.0, deadline - time.monotonic())))
+    landed = False
+    if proc.poll() is None:
+        if targets is None:
+            landed = _killpg(proc.pid)
+        else:
+            for pid in targets(proc):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    landed = True
+                except ProcessLookupError:
+                    pass
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        _killpg(proc.pid)
+        out, _ = proc.communicate(timeout=TIMEOUT)
+    return KillOutcome(landed=landed, code=proc.returncode, stdout=out or b"")
+
+
+def _killpg(pid: int) -> bool:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def random_delay(rng: random.Random, typical: float) -> float:
+    """Mostly inside a typical ADD's duration, some right at the start, a few just after."""
+    return rng.choice((0.0, rng.uniform(0, typical * 0.3), rng.uniform(0, typical),
+                       rng.uniform(0, typical), rng.uniform(0, typical * 1.1)))
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.monotonic()
+    fn()
+    return time.monotonic() - start
