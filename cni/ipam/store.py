@@ -1,0 +1,225 @@
+"""The host-local store on disk, byte for byte the reference's (host-local/backend/disk).
+
+`<dataDir>/<network>/` holds one file per reserved IP, named by the canonical IP string, with the
+content `<containerID>\\r\\n<ifname>` (no newline), `last_reserved_ip.<rangeIdx>` holding the last
+IP handed out per range set, and `lock`, flocked LOCK_EX for each whole operation: the reference
+flocks the same file, so it and we can share a store concurrently.
+
+Every file is reached relative to the network directory's fd with O_NOFOLLOW, and the network
+directory itself is opened with O_NOFOLLOW: a symlink planted in the store is never followed, and
+nothing outside `<dataDir>/<network>` is ever read, written or removed.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+from collections.abc import Iterator
+
+from cni.spec.errors import CNIError, Code
+
+LINE_BREAK = "\r\n"
+LAST_IP_PREFIX = "last_reserved_ip."
+LOCK = "lock"
+FILE_MODE = 0o600
+DIR_MODE = 0o755
+_NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
+_OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_MAX_CONTENT = 4096
+
+
+class StoreError(CNIError):
+    """The store cannot be used (not creatable, not writable, tampered with)."""
+
+
+def is_special(name: str) -> bool:
+    """`lock` and `last_reserved_ip.*` are bookkeeping, never reservations."""
+    return name == LOCK or name.startswith(LAST_IP_PREFIX)
+
+
+def key(container_id: str, ifname: str) -> str:
+    return container_id.strip() + LINE_BREAK + ifname
+
+
+class Store:
+    """One network's directory; use as a context manager: the lock is held inside `with`."""
+
+    def __init__(self, data_dir: str, network: str) -> None:
+        if not _NAME_RE.match(network):
+            raise CNIError(Code.INVALID_CONFIG,
+                           f'invalid name "{network}": invalid characters found in network name')
+        self.path = os.path.join(data_dir, network)
+        self.dir_fd = _open_network_dir(data_dir, network)
+        try:
+            self.lock_fd = self._open_lock()
+        except BaseException:
+            os.close(self.dir_fd)
+            raise
+
+    def __enter__(self) -> Store:
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for fd in (self.lock_fd, self.dir_fd):
+            try:
+                os.close(fd)  # closing the lock's fd releases the flock
+            except OSError:
+                pass
+        self.lock_fd = self.dir_fd = -1
+
+    def _open_lock(self) -> int:
+        try:
+            return os.open(LOCK, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                           FILE_MODE, dir_fd=self.dir_fd)
+        except OSError as e:
+            raise StoreError(Code.IO_FAILURE,
+                             f"cannot open lock file {self.path}/{LOCK}: {_why(e)}") from None
+
+    # --- reservations ---------------------------------------------------------------------
+
+    def reserve(self, container_id: str, ifname: str, ip: str, range_id: int) -> bool:
+        """Create the IP's file exclusively; False if it is taken. Records last_reserved_ip."""
+        try:
+            fd = os.open(ip, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         FILE_MODE, dir_fd=self.dir_fd)
+        except FileExistsError:
+            return False
+        except OSError as e:
+            raise StoreError(Code.IO_FAILURE, f"cannot reserve {self.path}/{ip}: {_why(e)}") \
+                from None
+        try:
+            try:
+                _write_all(fd, key(container_id, ifname).encode())
+            finally:
+                os.close(fd)
+        except OSError as e:
+            self._unlink(ip)
+            raise StoreError(Code.IO_FAILURE, f"cannot write {self.path}/{ip}: {_why(e)}") \
+                from None
+        self._write_small(f"{LAST_IP_PREFIX}{range_id}", ip)
+        return True
+
+    def last_reserved(self, range_id: int) -> str | None:
+        content = self.read(f"{LAST_IP_PREFIX}{range_id}")
+        return content.strip() if content is not None else None
+
+    def read(self, name: str) -> str | None:
+        """A regular file's content, or None (missing, symlink, not a regular file)."""
+        try:
+            fd = os.open(name, _OPEN_READ, dir_fd=self.dir_fd)
+        except OSError:
+            return None
+        try:
+            data = os.read(fd, _MAX_CONTENT)
+        except OSError:  # a directory or something else unreadable: not a reservation
+            return None
+        finally:
+            os.close(fd)
+        return data.decode("utf-8", "replace")
+
+    def entries(self) -> Iterator[tuple[str, str]]:
+        """(file name, content) of every reservation-looking file: regular, not bookkeeping."""
+        with os.scandir(self.dir_fd) as it:
+            names = [e.name for e in it if e.is_file(follow_symlinks=False)
+                     and not is_special(e.name)]
+        for name in names:
+            content = self.read(name)
+            if content is not None:
+                yield name, content
+
+    def owned_by(self, container_id: str, ifname: str) -> list[str]:
+        """The reference's GetByID: IPs whose file names (container, ifname) or, as files
+        written by old versions do, the container alone."""
+        new, old = key(container_id, ifname), container_id.strip()
+        return [name for name, content in self.entries() if content.strip() in (new, old)]
+
+    def find(self, container_id: str, ifname: str) -> list[str]:
+        """The reference's FindByID: the attachment's IPs, else the container's (old files)."""
+        entries = list(self.entries())
+        for match in (key(container_id, ifname), container_id.strip()):
+            found = [name for name, content in entries if content.strip() == match]
+            if found:
+                return found
+        return []
+
+    def release(self, container_id: str, ifname: str) -> list[str]:
+        """The reference's ReleaseByID: remove the attachment's files; only if there are none,
+        files holding the container ID alone (written by old versions)."""
+        found = self.find(container_id, ifname)
+        for name in found:
+            self._unlink(name)
+        return found
+
+    def release_ip(self, ip: str) -> None:
+        self._unlink(ip)
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _unlink(self, name: str) -> None:
+        if is_special(name) or "/" in name:
+            return
+        try:
+            os.unlink(name, dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            pass
+
+    def _write_small(self, name: str, content: str) -> None:
+        """Write a bookkeeping file in place; a symlink planted there is replaced, not followed."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        for _ in range(2):
+            try:
+                fd = os.open(name, flags, FILE_MODE, dir_fd=self.dir_fd)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    self._unlink(name)
+                    continue
+                raise StoreError(Code.IO_FAILURE,
+                                 f"cannot write {self.path}/{name}: {_why(e)}") from None
+            try:
+                _write_all(fd, content.encode())
+            finally:
+                os.close(fd)
+            return
+        raise StoreError(Code.IO_FAILURE, f"cannot write {self.path}/{name}: keeps being a symlink")
+
+
+def _open_network_dir(data_dir: str, network: str) -> int:
+    """Create `<dataDir>/<network>` (0755, as the reference) and open it, never via a symlink."""
+    try:
+        os.makedirs(data_dir, DIR_MODE, exist_ok=True)
+        data_fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise StoreError(Code.IO_FAILURE, f"cannot create dataDir {data_dir}: {_why(e)}") \
+            from None
+    try:
+        try:
+            os.mkdir(network, DIR_MODE, dir_fd=data_fd)
+        except FileExistsError:
+            pass
+        return os.open(network, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       dir_fd=data_fd)
+    except OSError as e:
+        path = os.path.join(data_dir, network)
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            why = "it is a symlink or not a directory, refusing to use it"
+        else:
+            why = _why(e)
+        raise StoreError(Code.IO_FAILURE, f"cannot use store {path}: {why}") from None
+    finally:
+        os.close(data_fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _why(e: OSError) -> str:
+    return e.strerror or str(e)

@@ -1,0 +1,169 @@
+"""host-local: IP addresses from configured ranges, reserved in a store on the host's disk.
+
+Reads like the reference's cmdAdd / cmdDel / cmdCheck, plus GC and STATUS (spec 1.1.0), which the
+reference lacks. No verb touches a network namespace, so CNI_NETNS may be any value.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from cni.ipam import config as ipam_config
+from cni.ipam.allocator import Address, Allocator, parse_ip
+from cni.ipam.store import Store, StoreError, is_special
+from cni.skel import Request, validate_container_id, validate_ifname
+from cni.spec.errors import CNIError, Code
+from cni.spec.result import Result
+
+
+def _load(req: Request) -> ipam_config.IPAMConfig:
+    return ipam_config.load(req.config, req.version, req.args)
+
+
+def add(req: Request) -> Result:
+    _validate(req)
+    conf = _load(req)
+    dns = ipam_config.parse_resolv_conf(conf.resolv_conf) if conf.resolv_conf else {}
+    with Store(conf.data_dir, conf.name) as store:
+        ips = _allocate(store, conf, req.container_id, req.ifname)
+    return {"cniVersion": req.version, "interfaces": [], "ips": ips,
+            "routes": conf.routes, "dns": dns}
+
+
+def _allocate(store: Store, conf: ipam_config.IPAMConfig, cid: str,
+              ifname: str) -> list[dict[str, str]]:
+    """One IP per range set; on any failure release everything taken for (cid, ifname)."""
+    remaining: list[Address] = list(conf.requested)
+    owned = _owned(store, conf, cid, ifname)
+    ips: list[dict[str, str]] = []
+    try:
+        for idx, ranges in enumerate(conf.ranges):
+            requested = next((ip for ip in remaining if ranges.range_for(ip) is not None), None)
+            if requested is not None:
+                remaining.remove(requested)
+            try:
+                ips.append(Allocator(ranges, store, idx).get(cid, ifname, requested, owned))
+            except CNIError as e:
+                raise CNIError(e.code, f"failed to allocate for range {idx}: {e.msg}",
+                               e.details) from None
+        if remaining:
+            raise CNIError(Code.INVALID_CONFIG, "failed to allocate all requested IPs: "
+                           + " ".join(str(ip) for ip in remaining))
+    except CNIError:
+        if ips:
+            store.release(cid, ifname)
+        raise
+    return ips
+
+
+def _owned(store: Store, conf: ipam_config.IPAMConfig, cid: str, ifname: str) -> list[Address]:
+    """What the attachment already holds, for the duplicate check (only sets allocating anew
+    need it: a requested IP is refused by its file existing)."""
+    if len(conf.requested) >= len(conf.ranges):
+        return []
+    return [ip for ip in map(parse_ip, store.owned_by(cid, ifname)) if ip is not None]
+
+
+def delete(req: Request) -> None:
+    _validate(req)
+    conf = _load(req)
+    with Store(conf.data_dir, conf.name) as store:
+        store.release(req.container_id, req.ifname)
+
+
+def check(req: Request) -> None:
+    """The attachment holds an address (the reference's rule), and every address of ours that the
+    previous result lists is still reserved for it."""
+    _validate(req)
+    conf = _load(req)
+    with Store(conf.data_dir, conf.name) as store:
+        held = store.find(req.container_id, req.ifname)
+    if not held:
+        raise CNIError(Code.INTERNAL,
+                       f"host-local: Failed to find address added by container {req.container_id}")
+    held_ips = {parse_ip(name) for name in held}
+    for ip in _prev_ips(req, conf):
+        if ip not in held_ips:
+            raise CNIError(Code.INTERNAL, f"host-local: address {ip} of the previous result is "
+                           f"not reserved for {req.container_id}/{req.ifname}")
+
+
+def _prev_ips(req: Request, conf: ipam_config.IPAMConfig) -> list[Address]:
+    out = []
+    for entry in (req.prev_result or {}).get("ips", []):
+        ip = parse_ip(str(entry.get("address", "")).split("/")[0])
+        if ip is not None and any(s.range_for(ip) is not None for s in conf.ranges):
+            out.append(ip)
+    return out
+
+
+def gc(req: Request) -> None:
+    """Release every reservation whose attachment is not in the runtime's valid list."""
+    conf = _load(req)
+    valid = _valid_attachments(req.config)
+    valid_ids = {cid for cid, _ in valid}
+    with Store(conf.data_dir, conf.name) as store:
+        for name, content in list(store.entries()):
+            if parse_ip(name) is None or is_special(name):
+                continue
+            cid, sep, ifname = content.strip().partition("\r\n")
+            # Old id-only files carry no ifname: keep them while the container is valid.
+            keep = (cid, ifname) in valid if sep else cid in valid_ids
+            if not keep:
+                req.log(f"gc: releasing {name} held by {cid!r}/{ifname!r}")
+                store.release_ip(name)
+
+
+def _valid_attachments(config: dict[str, Any]) -> set[tuple[str, str]]:
+    key = next((k for k in ("cni.dev/valid-attachments", "cni.dev/attachments")
+                if k in config), None)
+    if key is None:
+        raise CNIError(Code.INVALID_CONFIG,
+                       "invalid cni.dev/valid-attachments null: GC needs the list of valid "
+                       "attachments")
+    items = config[key]
+    if not isinstance(items, list):
+        raise ipam_config.bad(key, items, "must be a list of {containerID, ifname}")
+    out = set()
+    for i, item in enumerate(items):
+        cid = item.get("containerID") if isinstance(item, dict) else None
+        ifname = item.get("ifname") if isinstance(item, dict) else None
+        if not isinstance(cid, str) or not isinstance(ifname, str):
+            raise ipam_config.bad(f"{key}.{i}", item, "needs string containerID and ifname")
+        out.add((cid, ifname))
+    return out
+
+
+def status(req: Request) -> None:
+    """Available when the store can be created, locked and written; error 50 says why not."""
+    conf = _load(req)
+    try:
+        with Store(conf.data_dir, conf.name) as store:
+            if not os.access(store.path, os.W_OK | os.X_OK):
+                raise CNIError(Code.NOT_AVAILABLE,
+                               f"host-local store {store.path} is not writable")
+            _probe_write(store)
+    except StoreError as e:
+        raise CNIError(Code.NOT_AVAILABLE, f"host-local store unusable: {e.msg}",
+                       e.details) from None
+
+
+def _probe_write(store: Store) -> None:
+    """Create and remove a file: the only proof the store takes writes (read-only mounts)."""
+    name = f".status-probe-{os.getpid()}"
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=store.dir_fd)
+        os.close(fd)
+        os.unlink(name, dir_fd=store.dir_fd)
+    except OSError as e:
+        raise CNIError(Code.NOT_AVAILABLE, f"host-local store {store.path} is not writable: "
+                       f"{e.strerror or e}") from None
+
+
+# Container IDs and ifnames reach the store's file contents: the skel validates them, and so do
+# we when called in-process by another plugin.
+def _validate(req: Request) -> None:
+    validate_container_id(req.container_id)
+    validate_ifname(req.ifname)
