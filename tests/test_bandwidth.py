@@ -1,0 +1,292 @@
+"""bandwidth through the exec'd binary: kernel state, the reference's numbers, errors, DEL, GC.
+
+Pods are wired with a plain veth pair to a throwaway host namespace and a handcrafted prevResult,
+so these tests depend on no other plugin. Traffic under shaping is in test_bandwidth_traffic.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from cnitest import REFERENCE_BIN
+from test_bandwidth_helpers import (
+    conf,
+    ifbs,
+    kinds,
+    qdiscs,
+    redirect_targets,
+    runtime_bw,
+    tbf_of,
+    wire,
+)
+
+from cni.host import tc
+from cni.plugins.bandwidth import derived_burst, ifb_name
+
+pytestmark = pytest.mark.root
+
+MBIT = 1_000_000
+
+
+def add(plugins, w, cfg, cid="ctr1", **kw):
+    cfg = cfg | {"prevResult": w.prev_result(cfg["cniVersion"])}
+    return plugins.ok("bandwidth", "ADD", cfg, container_id=cid, netns=w.pod.path, **kw)
+
+
+def assert_untouched(host, w) -> None:
+    """Nothing of ours on the host: default root qdisc, no ingress qdisc, no marked ifb."""
+    assert kinds(host, w.veth) == ["noqueue"]
+    assert not [n for n in ifbs(host) if n.startswith("bwp")]
+
+
+def test_add_ingress_and_egress_builds_tbf_ifb_and_redirect(plugins, host, pod) -> None:
+    w = wire(host, pod, 1)
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    out = add(plugins, w, cfg)
+    name = ifb_name("bwnet", "ctr1")
+    link = host.links()[name]
+    assert out["interfaces"][:2] == w.prev_result()["interfaces"]
+    assert out["interfaces"][2] == {"name": name, "mac": link["address"]}
+    assert out["ips"] == w.prev_result()["ips"]
+    # ifb: up, the veth's MTU, txqueuelen 0, our mark naming network and container
+    assert "UP" in link["flags"] and link["mtu"] == 1500 and link.get("txqlen", 0) == 0
+    assert link["ifalias"] == "pycni-bandwidth bwnet ctr1"
+    assert kinds(host, w.veth) == ["ingress", "tbf"]
+    assert redirect_targets(host, w.veth) == [name]
+    assert tbf_of(host, w.veth) == tc.tbf_for(10 * MBIT, 80_000)
+    assert tbf_of(host, name) == tc.tbf_for(20 * MBIT, 160_000)
+    # 25 ms of rate plus the burst, as the reference computes the limit
+    assert tbf_of(host, w.veth).limit == 1_250_000 * 25 // 1000 + 10_000
+    plugins.ok("bandwidth", "CHECK", cfg | {"prevResult": out}, netns=pod.path)
+
+
+def test_ingress_only_creates_no_ifb(plugins, host, pod) -> None:
+    w = wire(host, pod, 1)
+    out = add(plugins, w, conf(ingressRate=MBIT, ingressBurst=8 * 1500 * 4))
+    assert len(out["interfaces"]) == 2
+    assert kinds(host, w.veth) == ["tbf"] and not ifbs(host).keys() & {ifb_name("bwnet", "ctr1")}
+
+
+def test_top_level_keys_take_precedence_over_runtime_config(plugins, host, pod) -> None:
+    w = wire(host, pod, 1)
+    cfg = conf(ingressRate=5 * MBIT, ingressBurst=40_000,
+               **runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    add(plugins, w, cfg)
+    assert tbf_of(host, w.veth) == tc.tbf_for(5 * MBIT, 40_000)
+    assert kinds(host, w.veth) == ["tbf"]  # runtimeConfig's egress ignored as a whole
+
+
+@pytest.mark.parametrize(("ingress", "egress"), [
+    ((10 * MBIT, 80_000), (20 * MBIT, 160_000)),
+    ((1000, 8 * 1600), (8000, 8 * 3000)),
+    ((1_000 * MBIT, 4 * MBIT), (3 * MBIT, 8 * 1514)),
+    ((100_000 * MBIT, 1_000 * MBIT), (40_000 * MBIT, 16 * MBIT)),  # above 2^32 B/s: rate64
+    ((12_345_678, 987_654), (999_999, 12_345)),  # odd values: truncations must agree
+])
+def test_tbf_numbers_equal_the_reference(plugins, netns_factory, ingress, egress) -> None:
+    """Differential: the same input through /usr/lib/cni/bandwidth and ours, read back."""
+    theirs_host, ours_host = netns_factory("pycni-ref"), plugins.host
+    theirs, ours = wire(theirs_host, netns_factory("pycni-pod"), 1), \
+        wire(ours_host, netns_factory("pycni-pod"), 1)
+    cfg = conf("1.0.0", **runtime_bw(ingress, egress))
+    ref = type(plugins)(theirs_host)
+    ref.ok("bandwidth", "ADD", cfg | {"prevResult": theirs.prev_result("1.0.0")},
+           container_id="ctr1", netns=theirs.pod.path, bin_dir=REFERENCE_BIN)
+    add(plugins, ours, cfg)
+    name = ifb_name("bwnet", "ctr1")
+    assert name in ifbs(theirs_host)  # same ifb name
+    for dev in (theirs.veth, name):
+        assert tbf_of(ours_host, dev) == tbf_of(theirs_host, dev) is not None
+        assert [q["options"] for q in qdiscs(ours_host, dev) if q["kind"] == "tbf"] == \
+            [q["options"] for q in qdiscs(theirs_host, dev) if q["kind"] == "tbf"]
+    assert host_link(ours_host, name)["mtu"] == host_link(theirs_host, name)["mtu"]
+    assert host_link(ours_host, name).get("txqlen", 0) == \
+        host_link(theirs_host, name).get("txqlen", 0)
+    assert set(redirect_targets(theirs_host, theirs.veth)) == {name} == \
+        set(redirect_targets(ours_host, ours.veth))
+
+
+def host_link(host, name: str) -> dict:
+    return host.links()[name]
+
+
+def test_annotations_give_the_same_qdiscs_as_runtime_config(plugins, host, netns_factory) -> None:
+    a = wire(host, netns_factory("pycni-pod"), 1)
+    b = wire(host, netns_factory("pycni-pod"), 2)
+    annotated = conf(runtimeConfig={"io.kubernetes.cri.pod-annotations": {
+        "kubernetes.io/ingress-bandwidth": "10M", "kubernetes.io/egress-bandwidth": "20M",
+        "unrelated": "x"}})
+    # containerd / CRI-O turn the same annotations into this: a 4 Gbit "burst" placeholder
+    runtime = conf(**runtime_bw((10 * MBIT, 2**32 - 1), (20 * MBIT, 2**32 - 1)))
+    add(plugins, a, annotated, cid="annotated")
+    add(plugins, b, runtime, cid="runtime")
+    assert tbf_of(host, a.veth) == tbf_of(host, b.veth) == \
+        tc.tbf_for(10 * MBIT, derived_burst(10 * MBIT, 1500))
+    assert tbf_of(host, ifb_name("bwnet", "annotated")) == \
+        tbf_of(host, ifb_name("bwnet", "runtime")) == \
+        tc.tbf_for(20 * MBIT, derived_burst(20 * MBIT, 1500))
+    # the derived burst: 10 ms of the rate (12500 bytes at 10 Mbit/s), not 512 MB
+    assert derived_burst(10 * MBIT, 1500) == 100_000
+
+
+def test_derived_burst_floor_follows_the_veth_mtu(plugins, host, pod) -> None:
+    w = wire(host, pod, 1)
+    host.run("ip", "link", "set", w.veth, "mtu", "9000")
+    add(plugins, w, conf(runtimeConfig={"io.kubernetes.cri.pod-annotations": {
+        "kubernetes.io/ingress-bandwidth": "1M"}}))
+    # 10 ms of 1 Mbit/s is 1250 bytes, less than one jumbo frame: the floor is 4 MTUs
+    assert tbf_of(host, w.veth) == tc.tbf_for(MBIT, 4 * 9000 * 8)
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("fast", "not a Kubernetes quantity"),
+    ("-1M", "unreasonably small"),
+    ("2P", "unreasonably large"),
+    ("100m", "unreasonably small"),
+    ("999", "unreasonably small"),
+])
+def test_bad_annotations_are_config_errors_and_create_nothing(plugins, host, pod,
+                                                               value, why) -> None:
+    w = wire(host, pod, 1)
+    cfg = conf(runtimeConfig={"io.kubernetes.cri.pod-annotations": {
+        "kubernetes.io/ingress-bandwidth": "10M", "kubernetes.io/egress-bandwidth": value}})
+    code, out, _ = plugins.exec("bandwidth", "ADD", cfg | {"prevResult": w.prev_result()},
+                                netns=pod.path)
+    assert code == 1 and out["code"] == 7, out
+    assert "kubernetes.io/egress-bandwidth" in out["msg"] and f'"{value}"' in out["msg"]
+    assert why in out["msg"]
+    assert_untouched(host, w)
+
+
+@pytest.mark.parametrize(("extra", "key", "value"), [
+    ({"ingressRate": 1000}, "ingressRate", "1000"),
+    ({"egressBurst": 8000}, "egressBurst", "8000"),
+    ({"egressRate": 1000, "egressBurst": 8 * 2**32}, "egressBurst", str(8 * 2**32)),
+    ({"ingressRate": -5, "ingressBurst": 8000}, "ingressRate", "-5"),
+    ({"ingressRate": "10M", "ingressBurst": 8000}, "ingressRate", '"10M"'),
+])
+def test_invalid_keys_name_key_and_value(plugins, host, pod, extra, key, value) -> None:
+    w = wire(host, pod, 1)
+    for cfg, shown in ((conf(**extra), key),
+                       (conf(runtimeConfig={"bandwidth": extra}),
+                        f"runtimeConfig.bandwidth.{key}")):
+        code, out, _ = plugins.exec("bandwidth", "ADD", cfg | {"prevResult": w.prev_result()},
+                                    netns=pod.path)
+        assert code == 1 and out["code"] == 7, out
+        assert f"{shown} {value}" in out["msg"], out["msg"]
+    assert_untouched(host, w)
+
+
+def test_burst_too_large_for_the_rate_is_refused(plugins, host, pod) -> None:
+    w = wire(host, pod, 1)
+    # 1 kbit/s with a 1 Gbit bucket: a buffer of 10^6 s, more ticks than tbf's u32 holds
+    code, out, _ = plugins.exec(
+        "bandwidth", "ADD", conf(ingressRate=1000, ingressBurst=10**9)
+        | {"prevResult": w.prev_result()}, netns=pod.path)
+    assert code == 1 and out["code"] == 7 and "ingressBurst 1000000000" in out["msg"]
+    assert_untouched(host, w)
+
+
+def test_no_config_passes_prev_result_through(plugins, host, pod) -> None:
+    w = wire(host, pod, 1)
+    prev = w.prev_result() | {"dns": {"nameservers": ["10.0.0.53"]}}
+    out = plugins.ok("bandwidth", "ADD", conf(prevResult=prev), netns=pod.path)
+    assert out == prev
+    zero = conf(**runtime_bw((0, 0), (0, 0)), prevResult=prev)
+    assert plugins.ok("bandwidth", "ADD", zero, netns=pod.path) == prev
+    assert_untouched(host, w)
+
+
+def test_missing_prev_result_or_interfaces_or_peer(plugins, host, pod) -> None:
+    w = wire(host, pod, 1)
+    cfg = conf(**runtime_bw((MBIT, 80_000)))
+    code, out, _ = plugins.exec("bandwidth", "ADD", cfg, netns=pod.path)
+    assert code == 1 and "prevResult is missing" in out["msg"]
+    prev = w.prev_result() | {"interfaces": [], "ips": [{"address": "10.77.1.2/24"}]}
+    code, out, _ = plugins.exec("bandwidth", "ADD", cfg | {"prevResult": prev}, netns=pod.path)
+    assert code == 1 and "no interfaces" in out["msg"]
+    code, out, _ = plugins.exec("bandwidth", "ADD", cfg | {"prevResult": w.prev_result()},
+                                netns=pod.path, ifname="lo")
+    assert code == 1 and "lo has no veth peer" in out["msg"], out
+    other = w.prev_result()
+    other["interfaces"][0]["name"] = "somethingelse"
+    code, out, _ = plugins.exec("bandwidth", "ADD", cfg | {"prevResult": other},
+                                netns=pod.path)
+    assert code == 1 and f"veth peer {w.veth}" in out["msg"] and "somethingelse" in out["msg"]
+    assert_untouched(host, w)
+
+
+def test_failed_add_removes_what_it_made_and_only_that(plugins, host, pod) -> None:
+    w = wire(host, pod, 1)
+    host.run("tc", "qdisc", "add", "dev", w.veth, "ingress")  # someone else's: ADD must fail
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    code, out, _ = plugins.exec("bandwidth", "ADD", cfg | {"prevResult": w.prev_result()},
+                                netns=pod.path)
+    assert code == 1 and "ingress qdisc" in out["msg"], out
+    assert ifb_name("bwnet", "ctr1") not in host.links()
+    assert kinds(host, w.veth) == ["ingress", "noqueue"]  # our tbf gone, theirs kept
+
+
+def test_del_removes_ifb_and_qdiscs_and_is_idempotent(plugins, host, pod) -> None:
+    w = wire(host, pod, 1)
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    out = add(plugins, w, cfg)
+    plugins.ok("bandwidth", "DEL", cfg | {"prevResult": out}, netns=pod.path)
+    assert_untouched(host, w)
+    plugins.ok("bandwidth", "DEL", cfg, netns=pod.path)
+    plugins.ok("bandwidth", "DEL", cfg, netns="")
+    plugins.ok("bandwidth", "DEL", cfg, netns="/run/netns/gone")
+
+
+def test_del_without_netns_still_removes_the_ifb(plugins, host, pod) -> None:
+    w = wire(host, pod, 1)
+    cfg = conf(**runtime_bw(None, (20 * MBIT, 160_000)))
+    add(plugins, w, cfg)
+    pod.run("ip", "link", "del", "eth0")  # the pod is gone, and its veth with it
+    plugins.ok("bandwidth", "DEL", cfg, netns="")
+    assert ifb_name("bwnet", "ctr1") not in host.links()
+
+
+def test_check_compares_kernel_state(plugins, host, pod) -> None:
+    w = wire(host, pod, 1)
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    out = add(plugins, w, cfg)
+    chk = cfg | {"prevResult": out}
+    plugins.ok("bandwidth", "CHECK", chk, netns=pod.path)
+    changed = conf(**runtime_bw((10 * MBIT, 80_000), (30 * MBIT, 160_000)), prevResult=out)
+    code, res, _ = plugins.exec("bandwidth", "CHECK", changed, netns=pod.path)
+    assert code == 1 and "tbf rate on bwp" in res["msg"] and "3750000" in res["msg"], res
+    host.run("tc", "qdisc", "del", "dev", w.veth, "root")
+    code, res, _ = plugins.exec("bandwidth", "CHECK", chk, netns=pod.path)
+    assert code == 1 and f"no tbf root qdisc on {w.veth}" in res["msg"]
+    host.run("ip", "link", "del", ifb_name("bwnet", "ctr1"))
+    only_egress = conf(**runtime_bw(None, (20 * MBIT, 160_000)), prevResult=out)
+    code, res, _ = plugins.exec("bandwidth", "CHECK", only_egress, netns=pod.path)
+    assert code == 1 and "not found" in res["msg"]
+
+
+def test_check_without_bandwidth_config_succeeds(plugins, host, pod) -> None:
+    """Reference #1221: CHECK crashed with no bandwidth config."""
+    w = wire(host, pod, 1)
+    plugins.ok("bandwidth", "CHECK", conf(prevResult=w.prev_result()), netns=pod.path)
+    plugins.ok("bandwidth", "CHECK", conf(), netns=pod.path)
+
+
+def test_gc_removes_only_our_stale_ifbs(plugins, host, netns_factory) -> None:
+    cfg = conf(**runtime_bw(None, (20 * MBIT, 160_000)))
+    for n, cid in ((1, "keep"), (2, "stale")):
+        add(plugins, wire(host, netns_factory("pycni-pod"), n), cfg, cid=cid)
+    other = wire(host, netns_factory("pycni-pod"), 3)
+    add(plugins, other, conf(name="othernet", **runtime_bw(None, (MBIT, 80_000))), cid="stale")
+    host.run("ip", "link", "add", "bwpforeign", "type", "ifb")  # not ours: no mark
+    host.run("ip", "link", "add", "ifbx", "type", "ifb")
+    before = set(ifbs(host))
+
+    gc = conf(**{"cni.dev/valid-attachments": [{"containerID": "keep", "ifname": "eth0"}]})
+    plugins.ok("bandwidth", "GC", gc)
+    assert before - set(ifbs(host)) == {ifb_name("bwnet", "stale")}
+
+    plugins.ok("bandwidth", "GC", conf(**{"cni.dev/attachments": []}))
+    assert before - set(ifbs(host)) == {ifb_name("bwnet", "stale"), ifb_name("bwnet", "keep")}
+    assert {"bwpforeign", "ifbx", ifb_name("othernet", "stale")} <= set(ifbs(host))
+    plugins.ok("bandwidth", "GC", conf())  # no list at all: remove nothing
+    assert ifb_name("othernet", "stale") in ifbs(host)
