@@ -1,0 +1,319 @@
+"""`pycni install` / `pycni uninstall`: put the plugins where a runtime finds them, and take back
+exactly what was put there.
+
+Install writes one multi-call executable (`pycni-plugin`) into the bin dir, a relative symlink to
+it for each plugin name, and a conflist from conf/ into the conf dir. The executable is the repo's
+bin/cni-plugin rewritten for its new home: its first line runs the venv interpreter directly
+(`#!<venv python> -IS`: no sh trampoline, no /usr/bin/env) and its root line is absolute; the
+marker line stays so bridge still recognises our host-local and runs it in-process.
+
+Everything written (and every file it replaced with --force, kept as a backup) is recorded in a
+manifest in the bin dir, so uninstall removes exactly that, restores what was replaced, and leaves
+anything else (another vendor's plugin, a file an admin edited since) alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "bin" / "cni-plugin"
+CONF_SRC = ROOT / "conf"
+PLUGINS = ("bridge", "host-local", "loopback", "portmap", "bandwidth")
+MULTICALL = "pycni-plugin"
+MANIFEST = ".pycni-install.json"
+BACKUPS = ".pycni-backup"
+MARKER = "pycni-multicall"
+ROOT_TAG = "# pycni:root"
+DEFAULT_BIN = Path("/opt/cni/bin")
+DEFAULT_CONF = Path("/etc/cni/net.d")
+DEFAULT_CONFLIST = "10-pycni.conflist"
+SHEBANG_MAX = 255  # the kernel reads at most this much of a #! line (BINPRM_BUF_SIZE - 1)
+
+
+class InstallError(Exception):
+    """Install or uninstall refused; nothing (further) was changed."""
+
+
+@dataclass
+class Entry:
+    """One path install wrote: a file (with its digest) or a symlink (with its target)."""
+
+    path: str
+    kind: str  # "file" | "symlink"
+    digest: str = ""
+    target: str = ""
+    backup: str = ""  # where the file it replaced (with --force) was kept
+
+    def matches_disk(self) -> bool:
+        """Whether the path still holds what install wrote (else it is someone else's now)."""
+        p = Path(self.path)
+        if self.kind == "symlink":
+            return p.is_symlink() and os.readlink(p) == self.target
+        return p.is_file() and not p.is_symlink() and _digest(p.read_bytes()) == self.digest
+
+
+@dataclass
+class Manifest:
+    bin_dir: str
+    root: str = str(ROOT)
+    python: str = ""
+    entries: list[Entry] = field(default_factory=list)
+    created_dirs: list[str] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, bin_dir: Path) -> Manifest | None:
+        path = bin_dir / MANIFEST
+        if not path.is_file():
+            return None
+        raw = json.loads(path.read_text())
+        return cls(bin_dir=raw["bin_dir"], root=raw.get("root", ""), python=raw.get("python", ""),
+                   entries=[Entry(**e) for e in raw.get("entries", [])],
+                   created_dirs=list(raw.get("created_dirs", [])))
+
+    def save(self) -> None:
+        data = {"bin_dir": self.bin_dir, "root": self.root, "python": self.python,
+                "entries": [vars(e) for e in self.entries], "created_dirs": self.created_dirs}
+        _atomic_write(Path(self.bin_dir) / MANIFEST, json.dumps(data, indent=2).encode() + b"\n",
+                      0o644)
+
+    def find(self, path: Path) -> Entry | None:
+        return next((e for e in self.entries if e.path == str(path)), None)
+
+
+@dataclass
+class Planned:
+    """What install is about to write at one path."""
+
+    path: Path
+    kind: str
+    content: bytes = b""
+    target: str = ""
+    mode: int = 0o755
+
+    def same_as_disk(self) -> bool:
+        if self.kind == "symlink":
+            return self.path.is_symlink() and os.readlink(self.path) == self.target
+        return (self.path.is_file() and not self.path.is_symlink()
+                and self.path.read_bytes() == self.content)
+
+
+def venv_python() -> Path:
+    """The interpreter the executables run: the repo's venv (it has the dependencies)."""
+    venv = ROOT / ".venv" / "bin" / "python"
+    return venv if venv.exists() else Path(sys.executable)
+
+
+def render_multicall(python: Path, root: Path, source: str | None = None) -> bytes:
+    """bin/cni-plugin rewritten for an installed copy: direct shebang, absolute root."""
+    text = SOURCE.read_text() if source is None else source
+    shebang = f"#!{python} -IS"
+    if len(shebang) > SHEBANG_MAX or " " in str(python):
+        raise InstallError(f"interpreter path {python} cannot go in a #! line "
+                           f"(too long or has spaces): move the project to a shorter path")
+    lines = text.splitlines()
+    out = [shebang]
+    saw_root = False
+    for line in lines[1:]:
+        if line.startswith("''''"):  # the sh trampoline line: the shebang now does its job
+            continue
+        if ROOT_TAG in line and line.lstrip().startswith("_root"):
+            line = f"_root = {str(root)!r}  {ROOT_TAG}"
+            saw_root = True
+        out.append(line)
+    body = "\n".join(out) + "\n"
+    if MARKER not in body[:1024] or not saw_root:
+        raise InstallError(f"{SOURCE} lacks the {MARKER!r} marker or the {ROOT_TAG!r} line")
+    return body.encode()
+
+
+def conflist_source(name: str) -> Path:
+    """A conflist from conf/ by file name, or any path to one."""
+    direct = Path(name)
+    if direct.is_file():
+        return direct
+    candidate = CONF_SRC / name
+    if candidate.is_file():
+        return candidate
+    available = ", ".join(sorted(p.name for p in CONF_SRC.glob("*.conf*"))) or "none"
+    raise InstallError(f"no conflist {name!r} in {CONF_SRC} (available: {available})")
+
+
+def render_conflist(src: Path, cni_version: str | None) -> bytes:
+    """The conflist as it will be written; with cni_version its cniVersion is rewritten (runtimes
+    built on an older libcni, like containerd 1.6 and podman 4, refuse versions they don't know)."""
+    raw = src.read_bytes()
+    try:
+        conf = json.loads(raw)
+    except ValueError as e:
+        raise InstallError(f"{src}: not JSON: {e}") from None
+    if not isinstance(conf, dict) or not isinstance(conf.get("name"), str):
+        raise InstallError(f"{src}: not a network configuration (no name)")
+    if cni_version is None:
+        return raw
+    conf["cniVersion"] = cni_version
+    return json.dumps(conf, indent=2).encode() + b"\n"
+
+
+def plan(bin_dir: Path, conf_dir: Path | None, conflist: str | None,
+         cni_version: str | None = None, python: Path | None = None) -> list[Planned]:
+    python = python or venv_python()
+    items = [Planned(bin_dir / MULTICALL, "file", render_multicall(python, ROOT))]
+    items += [Planned(bin_dir / name, "symlink", target=MULTICALL) for name in PLUGINS]
+    if conf_dir is not None and conflist:
+        src = conflist_source(conflist)
+        items.append(Planned(conf_dir / src.name, "file", render_conflist(src, cni_version),
+                             mode=0o644))
+    return items
+
+
+def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
+            conflist: str | None = DEFAULT_CONFLIST, *, force: bool = False,
+            cni_version: str | None = None, compile_bytecode: bool = True) -> list[str]:
+    """Install; returns human-readable lines of what was done. Refuses (changing nothing) when a
+    different file is in the way, unless force (which keeps the old one as a backup)."""
+    bin_dir, conf_dir = bin_dir.absolute(), conf_dir.absolute() if conf_dir else None
+    python = venv_python()
+    items = plan(bin_dir, conf_dir, conflist, cni_version, python)
+    old = Manifest.load(bin_dir)
+    conflicts = [it.path for it in items
+                 if (it.path.exists() or it.path.is_symlink()) and not it.same_as_disk()
+                 and not (old and (e := old.find(it.path)) and e.matches_disk())]
+    if conflicts and not force:
+        raise InstallError("refusing to overwrite " + ", ".join(map(str, conflicts))
+                           + " (different files are there; --force replaces them, keeping backups"
+                           " that uninstall restores)")
+    manifest = old or Manifest(bin_dir=str(bin_dir))
+    manifest.root, manifest.python = str(ROOT), str(python)
+    for d in filter(None, (bin_dir, conf_dir)):
+        manifest.created_dirs += [str(p) for p in _make_dirs(d)]
+    done = []
+    for it in items:
+        entry = manifest.find(it.path)
+        if entry is None and it.same_as_disk():
+            done.append(f"kept {it.path} (already the same)")
+            continue  # it was there before us: not ours to remove later
+        backup = entry.backup if entry else ""
+        if it.path in conflicts:
+            kept = _keep_backup(bin_dir, it.path)
+            backup = backup or kept  # uninstall restores the oldest: what was there before us
+            done.append(f"kept the previous {it.path} as {kept}")
+        if it.kind == "symlink":
+            _atomic_symlink(it.path, it.target)
+            new = Entry(str(it.path), "symlink", target=it.target, backup=backup)
+        else:
+            _atomic_write(it.path, it.content, it.mode)
+            new = Entry(str(it.path), "file", digest=_digest(it.content), backup=backup)
+        manifest.entries = [e for e in manifest.entries if e.path != new.path] + [new]
+        done.append(f"wrote {it.path}")
+        manifest.save()  # after each file: an interrupted install can still be uninstalled
+    manifest.save()
+    if compile_bytecode:
+        compile_package(python)
+        done.append(f"compiled bytecode of {ROOT / 'cni'}")
+    return done
+
+
+def uninstall(bin_dir: Path = DEFAULT_BIN) -> list[str]:
+    """Remove what the manifest in bin_dir records, restore backups, drop dirs install made."""
+    bin_dir = bin_dir.absolute()
+    manifest = Manifest.load(bin_dir)
+    if manifest is None:
+        raise InstallError(f"no pycni install recorded in {bin_dir} ({MANIFEST} missing)")
+    done = []
+    for e in reversed(manifest.entries):
+        path = Path(e.path)
+        if e.matches_disk():
+            path.unlink()
+            done.append(f"removed {path}")
+        elif path.exists() or path.is_symlink():
+            done.append(f"left {path}: changed since install, not ours any more")
+            continue
+        if e.backup and Path(e.backup).exists():
+            os.replace(e.backup, path)
+            done.append(f"restored {path} from {e.backup}")
+    (bin_dir / MANIFEST).unlink()
+    backups = bin_dir / BACKUPS
+    if backups.is_dir() and not any(backups.iterdir()):
+        backups.rmdir()
+    for d in sorted(manifest.created_dirs, key=len, reverse=True):
+        try:
+            Path(d).rmdir()
+            done.append(f"removed empty dir {d}")
+        except OSError:
+            pass  # not empty: someone else uses it now
+    return done
+
+
+def compile_package(python: Path) -> None:
+    """Bytecode for the cni package, so the first exec of a plugin need not compile anything."""
+    proc = subprocess.run([str(python), "-m", "compileall", "-q", str(ROOT / "cni")],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise InstallError(f"compileall failed: {proc.stdout}{proc.stderr}")
+
+
+def _keep_backup(bin_dir: Path, path: Path) -> str:
+    backups = bin_dir / BACKUPS
+    backups.mkdir(mode=0o700, exist_ok=True)
+    # Flattened path: a conflist and a plugin with the same name must not collide.
+    dest = base = backups / str(path).strip("/").replace("/", "%")
+    n = 0
+    while dest.exists() or dest.is_symlink():
+        n += 1
+        dest = base.with_name(f"{base.name}.{n}")
+    os.replace(path, dest)
+    return str(dest)
+
+
+def _make_dirs(d: Path) -> list[Path]:
+    """mkdir -p, returning the dirs it created (outermost first) so uninstall can remove them."""
+    missing = []
+    p = d
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for m in reversed(missing):
+        m.mkdir(mode=0o755)
+    return list(reversed(missing))
+
+
+def _atomic_write(path: Path, data: bytes, mode: int) -> None:
+    """Readers (a runtime watching the conf dir) see the old file or the new one, never half.
+    The temp name ends in neither .conf nor .conflist, so no runtime loads it meanwhile."""
+    fd, tmp = tempfile.mkstemp(prefix=".pycni-tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _atomic_symlink(path: Path, target: str) -> None:
+    tmp = path.parent / f".pycni-tmp-{os.getpid()}-{path.name}"
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    os.replace(tmp, path)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def describe(manifest: Manifest) -> dict[str, Any]:
+    """The manifest as `pycni doctor` shows it."""
+    return {"root": manifest.root, "python": manifest.python,
+            "files": [e.path for e in manifest.entries]}

@@ -1,0 +1,69 @@
+"""The click commands `pycni install`, `pycni uninstall` and `pycni doctor` (loaded lazily by
+cni/cli.py, so `pycni add` never imports this)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from cni import install as inst
+
+
+@click.command()
+@click.option("--bin-dir", type=click.Path(path_type=Path), default=inst.DEFAULT_BIN,
+              show_default=True, help="Where the runtime looks for CNI plugins.")
+@click.option("--conf-dir", type=click.Path(path_type=Path), default=inst.DEFAULT_CONF,
+              show_default=True, help="Where the runtime reads conflists.")
+@click.option("--conflist", default=inst.DEFAULT_CONFLIST, show_default=True,
+              help="A conflist from conf/ by name (or a path to one); '' writes none.")
+@click.option("--cni-version", default=None, metavar="VERSION",
+              help="Rewrite the conflist's cniVersion (e.g. 1.0.0 for containerd 1.6, podman 4).")
+@click.option("--force", is_flag=True,
+              help="Replace different existing files (kept as backups uninstall restores).")
+@click.option("--no-compile", is_flag=True, help="Skip compiling the package's bytecode.")
+def install(bin_dir: Path, conf_dir: Path, conflist: str, cni_version: str | None, force: bool,
+            no_compile: bool) -> None:
+    """Install the plugins into BIN_DIR and a conflist into CONF_DIR."""
+    try:
+        lines = inst.install(bin_dir, conf_dir, conflist or None, force=force,
+                             cni_version=cni_version, compile_bytecode=not no_compile)
+    except (inst.InstallError, OSError) as e:
+        click.echo(f"pycni install: {e}", err=True)
+        sys.exit(1)
+    for line in lines:
+        click.echo(line)
+
+
+@click.command()
+@click.option("--bin-dir", type=click.Path(path_type=Path), default=inst.DEFAULT_BIN,
+              show_default=True, help="The bin dir given to install (its manifest is there).")
+def uninstall(bin_dir: Path) -> None:
+    """Remove exactly what `pycni install` wrote; restore what it replaced."""
+    try:
+        lines = inst.uninstall(bin_dir)
+    except (inst.InstallError, OSError) as e:
+        click.echo(f"pycni uninstall: {e}", err=True)
+        sys.exit(1)
+    for line in lines:
+        click.echo(line)
+
+
+@click.command()
+@click.option("--bin-dir", type=click.Path(path_type=Path), default=inst.DEFAULT_BIN,
+              show_default=True, help="Installed plugins to check.")
+@click.option("--conf-dir", type=click.Path(path_type=Path), default=inst.DEFAULT_CONF,
+              show_default=True, help="Conflists to check.")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+def doctor(bin_dir: Path, conf_dir: Path, as_json: bool) -> None:
+    """Check what the plugins need on this host; prints each finding with its fix.
+
+    Kernel features are probed in a throwaway network namespace, never the host's own.
+    Exits 1 if anything required is missing.
+    """
+    from cni import doctor as doc
+
+    findings = doc.run_all(bin_dir, conf_dir)
+    click.echo(doc.render(findings, as_json=as_json))
+    sys.exit(1 if any(f.status == doc.FAIL for f in findings) else 0)

@@ -1,0 +1,194 @@
+"""`pycni install` / `uninstall` / `doctor` on temp dirs: what lands on disk, what is refused,
+and that uninstall leaves the dirs exactly as they were."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cni import doctor
+from cni import install as inst
+from cni.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+LO_CONF = {"cniVersion": "1.1.0", "name": "lo-test", "plugins": [{"type": "loopback"}]}
+
+
+def snapshot(*dirs: Path) -> dict[str, tuple]:
+    """Every path under dirs with its type, mode and content (or link target)."""
+    out: dict[str, tuple] = {}
+    for d in dirs:
+        if not d.exists():
+            out[str(d)] = ("absent",)
+            continue
+        for p in [d, *sorted(d.rglob("*"))]:
+            st = p.lstat()
+            body = (os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else "")
+            out[str(p)] = (st.st_mode, body)
+    return out
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[Path, Path, Path]:
+    bin_dir, conf_dir = tmp_path / "opt" / "cni" / "bin", tmp_path / "etc" / "cni" / "net.d"
+    src = tmp_path / "lo.conflist"
+    src.write_text(json.dumps(LO_CONF))
+    return bin_dir, conf_dir, src
+
+
+def cli(*args: str) -> tuple[int, str]:
+    res = CliRunner().invoke(main, list(args))
+    return res.exit_code, res.output
+
+
+def test_install_writes_direct_shebang_executables(dirs) -> None:
+    bin_dir, conf_dir, src = dirs
+    code, out = cli("install", "--bin-dir", str(bin_dir), "--conf-dir", str(conf_dir),
+                    "--conflist", str(src))
+    assert code == 0, out
+    multi = bin_dir / inst.MULTICALL
+    text = multi.read_text()
+    first = text.splitlines()[0]
+    assert first == f"#!{ROOT / '.venv' / 'bin' / 'python'} -IS"
+    assert "/usr/bin/env" not in first and "''''" not in text
+    assert inst.MARKER in text[:1024]
+    assert f"_root = {str(ROOT)!r}  # pycni:root" in text
+    assert os.access(multi, os.X_OK)
+    for name in inst.PLUGINS:
+        assert (bin_dir / name).resolve() == multi.resolve()
+    assert json.loads((conf_dir / src.name).read_text()) == LO_CONF
+    # Bytecode is in place so the first exec compiles nothing.
+    assert list((ROOT / "cni" / "__pycache__").glob("skel.*.pyc"))
+
+
+def test_installed_plugin_answers_version_by_its_own_name(dirs) -> None:
+    bin_dir, conf_dir, src = dirs
+    inst.install(bin_dir, conf_dir, str(src), compile_bytecode=False)
+    env = {"CNI_COMMAND": "VERSION", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([str(bin_dir / "loopback")], input=b'{"cniVersion":"1.0.0"}', env=env,
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "1.0.0" in json.loads(proc.stdout)["supportedVersions"]
+
+
+def test_bridge_recognises_installed_host_local_as_ours(dirs) -> None:
+    from cni.ipam import delegate
+
+    bin_dir, conf_dir, src = dirs
+    inst.install(bin_dir, conf_dir, str(src), compile_bytecode=False)
+    assert delegate.is_ours(str(bin_dir / "host-local"))
+
+
+def test_install_then_uninstall_leaves_dirs_as_they_were(dirs) -> None:
+    bin_dir, conf_dir, src = dirs
+    bin_dir.mkdir(parents=True)
+    foreign = bin_dir / "macvlan"
+    foreign.write_text("#!/bin/sh\necho foreign\n")
+    foreign.chmod(0o755)
+    before = snapshot(bin_dir, conf_dir)
+    inst.install(bin_dir, conf_dir, str(src), compile_bytecode=False)
+    assert (conf_dir / src.name).exists() and (bin_dir / "bridge").is_symlink()
+    inst.install(bin_dir, conf_dir, str(src), compile_bytecode=False)  # reinstall is fine
+    code, out = cli("uninstall", "--bin-dir", str(bin_dir))
+    assert code == 0, out
+    assert snapshot(bin_dir, conf_dir) == before
+    assert not conf_dir.exists()  # install made it, uninstall removed it
+    assert foreign.read_text() == "#!/bin/sh\necho foreign\n"
+
+
+def test_refuses_a_different_conflist_without_force(dirs) -> None:
+    bin_dir, conf_dir, src = dirs
+    conf_dir.mkdir(parents=True)
+    theirs = conf_dir / src.name
+    theirs.write_text('{"name": "theirs"}')
+    before = snapshot(bin_dir, conf_dir)
+    code, out = cli("install", "--bin-dir", str(bin_dir), "--conf-dir", str(conf_dir),
+                    "--conflist", str(src), "--no-compile")
+    assert code == 1 and "refusing to overwrite" in out and str(theirs) in out
+    assert snapshot(bin_dir, conf_dir) == before  # nothing written at all
+
+
+def test_force_keeps_backups_that_uninstall_restores(dirs) -> None:
+    bin_dir, conf_dir, src = dirs
+    bin_dir.mkdir(parents=True)
+    conf_dir.mkdir(parents=True)
+    (bin_dir / "bridge").write_bytes(b"\x7fELF reference bridge")
+    (conf_dir / src.name).write_text('{"name": "theirs"}')
+    before = snapshot(bin_dir, conf_dir)
+    inst.install(bin_dir, conf_dir, str(src), force=True, compile_bytecode=False)
+    assert (bin_dir / "bridge").is_symlink()
+    assert json.loads((conf_dir / src.name).read_text())["name"] == "lo-test"
+    assert not list(conf_dir.glob(".*"))  # backups never go where a runtime reads conflists
+    inst.uninstall(bin_dir)
+    assert snapshot(bin_dir, conf_dir) == before
+
+
+def test_uninstall_leaves_what_was_changed_since(dirs) -> None:
+    bin_dir, conf_dir, src = dirs
+    inst.install(bin_dir, conf_dir, str(src), compile_bytecode=False)
+    edited = conf_dir / src.name
+    edited.write_text('{"name": "edited by the admin"}')
+    lines = inst.uninstall(bin_dir)
+    assert edited.read_text() == '{"name": "edited by the admin"}'
+    assert any("changed since install" in line for line in lines)
+    assert not (bin_dir / "bridge").exists() and not (bin_dir / inst.MANIFEST).exists()
+
+
+def test_cni_version_rewrite_for_older_runtimes(dirs) -> None:
+    bin_dir, conf_dir, src = dirs
+    inst.install(bin_dir, conf_dir, str(src), cni_version="1.0.0", compile_bytecode=False)
+    assert json.loads((conf_dir / src.name).read_text())["cniVersion"] == "1.0.0"
+
+
+def test_unknown_conflist_names_what_is_available(dirs) -> None:
+    bin_dir, conf_dir, _ = dirs
+    code, out = cli("install", "--bin-dir", str(bin_dir), "--conf-dir", str(conf_dir),
+                    "--conflist", "no-such.conflist", "--no-compile")
+    assert code == 1 and "no conflist 'no-such.conflist'" in out
+    assert not bin_dir.exists()
+
+
+def test_uninstall_without_install_is_an_error(tmp_path: Path) -> None:
+    code, out = cli("uninstall", "--bin-dir", str(tmp_path))
+    assert code == 1 and "no pycni install recorded" in out
+
+
+def test_cli_add_does_not_import_install_or_doctor() -> None:
+    code = ("import sys, cni.cli as c; c.main.get_command(None, 'add');"
+            "assert not {'cni.install', 'cni.install_cli', 'cni.doctor'} & set(sys.modules);"
+            "assert c.main.get_command(None, 'install').name == 'install'")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_doctor_reports_and_fails_on_a_missing_requirement(tmp_path, monkeypatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setattr(doctor, "STORE_DIR", blocker / "networks")
+    monkeypatch.setattr(doctor, "kernel_findings", lambda: [])
+    code, out = cli("doctor", "--bin-dir", str(tmp_path), "--conf-dir", str(tmp_path))
+    assert code == 1
+    assert f"[FAIL] host-local store {blocker / 'networks'}: {blocker} is not a directory" in out
+    assert "fix: make" in out
+
+
+@pytest.mark.root
+def test_doctor_probes_kernel_in_a_throwaway_netns(tmp_path) -> None:
+    def real_state() -> tuple[str, str, str]:
+        return (subprocess.run(["ip", "-d", "link"], capture_output=True, text=True).stdout,
+                subprocess.run(["tc", "qdisc"], capture_output=True, text=True).stdout,
+                subprocess.run(["nft", "list", "ruleset"], capture_output=True, text=True).stdout)
+
+    before = real_state()
+    findings = doctor.kernel_findings()
+    names = {f.what: f for f in findings}
+    for feature in ("bridge links", "veth pairs", "nftables nat, fib, masquerade",
+                    "tbf qdisc (bandwidth)", "ifb links (bandwidth egress)"):
+        assert names[feature].status == doctor.OK, names[feature]
+    assert real_state() == before  # the probe's objects died with its namespace
