@@ -96,7 +96,7 @@ def plugin_error(returncode: int, stdout: bytes, stderr: bytes) -> CNIError:
         if not stderr.strip():
             return CNIError(Code.UNKNOWN, f"netplugin failed with no error message: {status}")
         return CNIError(Code.UNKNOWN,
-                        f"netplugin failed: {json.dumps(stderr.decode(errors='replace'))}")
+                        f"netplugin failed: {_quote(stderr)}")
     try:
         data = json.loads(stdout)
         if not isinstance(data, dict):
@@ -105,9 +105,14 @@ def plugin_error(returncode: int, stdout: bytes, stderr: bytes) -> CNIError:
         return CNIError(int(code) if isinstance(code, int) else 0, str(data.get("msg", "")),
                         str(data.get("details", "") or ""))
     except ValueError as e:
-        text = json.dumps(stdout.decode(errors="replace"))
+        text = _quote(stdout)
         return CNIError(Code.UNKNOWN,
                         f"netplugin failed but error parsing its diagnostic message {text}: {e}")
+
+
+def _quote(raw: bytes) -> str:
+    """Close to Go's %q: double-quoted, escapes for controls, printable Unicode kept."""
+    return json.dumps(raw.decode(errors="replace"), ensure_ascii=False)
 
 
 def decode_result(stdout: bytes, conf_version: str) -> tuple[dict[str, Any], str]:
