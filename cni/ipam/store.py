@@ -102,7 +102,11 @@ class Store:
             self._unlink(ip)
             raise StoreError(Code.IO_FAILURE, f"cannot write {self.path}/{ip}: {_why(e)}") \
                 from None
-        self._write_small(f"{LAST_IP_PREFIX}{range_id}", ip)
+        try:
+            self._write_small(f"{LAST_IP_PREFIX}{range_id}", ip)
+        except StoreError:
+            self._unlink(ip)
+            raise
         return True
 
     def last_reserved(self, range_id: int) -> str | None:
@@ -177,7 +181,7 @@ class Store:
                 fd = os.open(name, flags, FILE_MODE, dir_fd=self.dir_fd)
             except OSError as e:
                 if e.errno == errno.ELOOP:
-                    self._unlink(name)
+                    os.unlink(name, dir_fd=self.dir_fd)  # removes the link, not its target
                     continue
                 raise StoreError(Code.IO_FAILURE,
                                  f"cannot write {self.path}/{name}: {_why(e)}") from None
