@@ -1,0 +1,121 @@
+"""The wire format between the shim and the daemon. Stdlib only (struct), imported by both.
+
+One request per connection, on a unix stream socket:
+
+    shim   -> daemon  REQUEST: MAGIC, header (!IIIBI: plugin, env, stdin lengths, fd roles, umask),
+                      then plugin name, env block ("K=V\\0"...), stdin; the fds ride as
+                      SCM_RIGHTS on the first bytes, in the order of the ROLE_* bits set.
+    daemon -> shim    ACK (one byte) once a child has committed to running the request, then
+                      REPLY: b"R", header (!iII: exit code, stdout, stderr lengths), the bytes.
+
+The ACK is what makes fallback safe: before it, nothing ran and the shim may run the request
+in-process; after it, the request may have run, so a lost reply is a CNI error (try again later),
+never a second run. A REPLY without an ACK is the daemon refusing the request (not run either).
+"""
+
+from __future__ import annotations
+
+import struct
+
+MAGIC = b"PYCNI\x01"
+ACK = b"A"
+REPLY = b"R"
+REQ_HEADER = struct.Struct("!IIIBI")
+REPLY_HEADER = struct.Struct("!iII")
+REQ_PREFIX = len(MAGIC) + REQ_HEADER.size
+REPLY_PREFIX = len(REPLY) + REPLY_HEADER.size
+
+# Which fds a request carries, in this order.
+ROLE_NETNS = 1  # the container's namespace (CNI_NETNS opened by the shim)
+ROLE_CALLER_NET = 2  # the network namespace the shim runs in (the "host" it acts on)
+ROLE_CALLER_MNT = 4  # its mount namespace (paths: dataDir, /run/netns, /proc/sys)
+ROLE_CWD = 8  # its working directory
+ROLES = (ROLE_NETNS, ROLE_CALLER_NET, ROLE_CALLER_MNT, ROLE_CWD)
+MAX_FDS = len(ROLES)
+
+DEFAULT_SOCKET = "/run/pycni/pycni.sock"
+SOCKET_ENV = "PYCNI_SOCKET"
+# The daemon refuses bigger requests; skel's own stdin limit (16 MiB) plus room for the env.
+MAX_REQUEST = 17 * 1024 * 1024
+
+
+def encode_env(env: dict[bytes, bytes]) -> bytes:
+    return b"".join(k + b"=" + v + b"\0" for k, v in env.items())
+
+
+def decode_env(block: bytes) -> dict[str, str]:
+    """The env as os.environ would show it (fs encoding, surrogateescape)."""
+    import os
+
+    env: dict[str, str] = {}
+    for item in block.split(b"\0"):
+        if item:
+            key, _, value = item.partition(b"=")
+            env[os.fsdecode(key)] = os.fsdecode(value)
+    return env
+
+
+def encode_request(plugin: str, env: bytes, stdin: bytes, roles: int, umask: int) -> bytes:
+    name = plugin.encode()
+    return b"".join((MAGIC, REQ_HEADER.pack(len(name), len(env), len(stdin), roles, umask),
+                     name, env, stdin))
+
+
+def request_size(prefix: bytes) -> int:
+    """Total request length from its first REQ_PREFIX bytes; ValueError if not a request."""
+    if prefix[:len(MAGIC)] != MAGIC:
+        raise ValueError("not a pycni request")
+    plugin_len, env_len, stdin_len, _, _ = REQ_HEADER.unpack_from(prefix, len(MAGIC))
+    return REQ_PREFIX + plugin_len + env_len + stdin_len
+
+
+def decode_request(data: bytes) -> tuple[str, bytes, bytes, int, int]:
+    """-> (plugin, env block, stdin, roles, umask) of a complete request."""
+    plugin_len, env_len, stdin_len, roles, umask = REQ_HEADER.unpack_from(data, len(MAGIC))
+    at = REQ_PREFIX
+    plugin = data[at:at + plugin_len].decode("utf-8", "surrogateescape")
+    at += plugin_len
+    env = data[at:at + env_len]
+    at += env_len
+    return plugin, env, data[at:at + stdin_len], roles, umask
+
+
+def encode_reply(code: int, stdout: bytes, stderr: bytes) -> bytes:
+    return b"".join((REPLY, REPLY_HEADER.pack(code, len(stdout), len(stderr)), stdout, stderr))
+
+
+def reply_sizes(prefix: bytes) -> tuple[int, int, int]:
+    """(code, stdout length, stderr length) from a reply's first REPLY_PREFIX bytes."""
+    if prefix[:1] != REPLY:
+        raise ValueError("not a pycni reply")
+    return REPLY_HEADER.unpack_from(prefix, 1)
+
+
+# --- errors the shim or the daemon report themselves (rare paths: heavier imports are fine) -----
+
+TRY_AGAIN_LATER = 11
+IO_FAILURE = 5
+INTERNAL = 999
+
+
+def error_reply(code: int, msg: str, stdin: bytes) -> bytes:
+    """A CNI error as skel prints it: JSON on stdout in the config's cniVersion."""
+    from cni.spec.errors import CNIError
+
+    return CNIError(code, msg).to_json(config_version(stdin)).encode()
+
+
+def config_version(stdin: bytes) -> str:
+    """The version skel would print an error in (the config's, as skel decodes it)."""
+    import json
+
+    from cni.spec import version as versions
+
+    try:
+        config = json.loads(stdin)
+    except ValueError:
+        return versions.CURRENT
+    if not isinstance(config, dict):
+        return versions.CURRENT
+    value = config.get("cniVersion") or versions.DEFAULT_IF_MISSING
+    return value if isinstance(value, str) else versions.CURRENT

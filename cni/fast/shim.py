@@ -1,0 +1,238 @@
+"""The executables' fast path. Stdlib only, and only the cheap parts of it (_socket, struct).
+
+- VERSION: answered here without importing json, re, dataclasses or cni.skel (they cost more
+  than the interpreter's own start-up); anything unusual on stdin is left to skel.
+- ADD/CHECK/DEL/GC/STATUS: sent to the daemon (protocol.py) with the netns fd and the caller's
+  namespaces; its reply is relayed as is.
+- Everything else, and any request the daemon never accepted: skel.run in-process, same result.
+"""
+
+from __future__ import annotations
+
+import os
+
+from cni.fast import protocol as proto
+
+DAEMON_COMMANDS = ("ADD", "CHECK", "DEL", "GC", "STATUS")
+# Copies of cni.spec.version.SUPPORTED / CURRENT and skel.MAX_STDIN: importing those modules
+# costs ~10 ms (json, re, enum). tests/test_shim.py asserts the copies are equal.
+SUPPORTED = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+CURRENT = "1.1.0"
+MAX_STDIN = 16 * 1024 * 1024
+# How long a daemon may take to accept a request (it may be starting: socket activation).
+ACCEPT_TIMEOUT = 60.0
+_JSON_WS = b" \t\n\r"
+_CLONE_NEWNET = 0x40000000
+_NS_GET_NSTYPE = 0xB703
+
+Reply = tuple[bytes, bytes, int]  # stdout, stderr, exit code
+
+
+def main(argv0: str) -> int:
+    plugin = os.path.basename(argv0)
+    command = os.environ.get("CNI_COMMAND", "")
+    stdin = read_stdin()
+    reply: Reply | None = None
+    if command == "VERSION":
+        out = fast_version(plugin, stdin)
+        reply = None if out is None else (out, b"", 0)
+    elif command in DAEMON_COMMANDS and len(stdin) <= MAX_STDIN:
+        reply = call_daemon(plugin, stdin, os.environ.get(proto.SOCKET_ENV) or
+                            proto.DEFAULT_SOCKET)
+    if reply is None:
+        reply = in_process(plugin, stdin)
+    write(1, reply[0])
+    write(2, reply[1])
+    return reply[2]
+
+
+def in_process(plugin: str, stdin: bytes) -> Reply:
+    from cni import skel
+
+    reply = skel.run(plugin, dict(os.environ), stdin)
+    return reply.stdout, reply.stderr, reply.code
+
+
+# --- VERSION ------------------------------------------------------------------------------------
+
+def fast_version(plugin: str, stdin: bytes) -> bytes | None:
+    """skel.version_info's exact bytes for the stdin runtimes send; None: ask skel."""
+    from cni.plugins import SUPPORTED_VERSIONS
+
+    supported = SUPPORTED_VERSIONS.get(plugin, SUPPORTED)
+    asked = asked_version(stdin)
+    if asked is None or not all(_plain(v) for v in supported):
+        return None
+    listed = ", ".join(f'"{v}"' for v in supported)
+    return f'{{"cniVersion": "{asked}", "supportedVersions": [{listed}]}}'.encode()
+
+
+def asked_version(stdin: bytes) -> str | None:
+    """The version VERSION echoes, for stdin '', '{}' or '{"cniVersion": "<plain>"}'; else None.
+
+    skel reads it with json.loads: a supported cniVersion is echoed, anything else gives CURRENT.
+    Only shapes whose JSON meaning is certain without a parser are decided here.
+    """
+    body = stdin.strip(_JSON_WS)
+    if not body:
+        return CURRENT  # b"" reads as {}; whitespace only is a decode error: CURRENT either way
+    if body[:1] != b"{" or body[-1:] != b"}":
+        return None
+    inner = body[1:-1].strip(_JSON_WS)
+    if not inner:
+        return CURRENT
+    key, sep, value = inner.partition(b":")
+    value = value.strip(_JSON_WS)
+    if not sep or key.rstrip(_JSON_WS) != b'"cniVersion"' or len(value) < 2:
+        return None
+    text = value[1:-1]
+    if value[:1] != b'"' or value[-1:] != b'"' or b'"' in text or b"\\" in text:
+        return None
+    if not all(0x20 <= c < 0x7F for c in text):
+        return None
+    version = text.decode("ascii")
+    return version if version in SUPPORTED else CURRENT
+
+
+def _plain(version: str) -> bool:
+    return bool(version) and all(c in "0123456789." for c in version)
+
+
+# --- the daemon ---------------------------------------------------------------------------------
+
+def call_daemon(plugin: str, stdin: bytes, path: str) -> Reply | None:
+    """The daemon's reply, or None when it never accepted the request (then nothing ran)."""
+    import _socket
+
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(ACCEPT_TIMEOUT)
+        try:
+            sock.connect(path)
+        except OSError:
+            return None  # missing, refused, not allowed, backlog full: no daemon for us
+        if not _send_request(sock, plugin, stdin):
+            return None
+        return _receive(sock, stdin)
+    finally:
+        sock.close()
+
+
+def _send_request(sock, plugin: str, stdin: bytes) -> bool:
+    """Send the request with its fds; False if the daemon hung up first (it cannot have run)."""
+    import _socket
+    import struct
+
+    roles, fds = open_fds(os.environ.get("CNI_NETNS", ""))
+    try:
+        env = proto.encode_env(dict(os.environb))
+        umask = os.umask(0o022)
+        os.umask(umask)
+        data = proto.encode_request(plugin, env, stdin, roles, umask)
+        rights = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
+        sent = sock.sendmsg([data], rights)
+        view = memoryview(data)
+        while sent < len(data):  # fds went with the first bytes; the rest is plain data
+            sent += sock.send(view[sent:])
+    except OSError:
+        return False
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return True
+
+
+def open_fds(netns: str) -> tuple[int, list[int]]:
+    """The fds a request carries, and their roles (protocol.ROLE_*)."""
+    roles, fds = 0, []
+    if netns:
+        fd = open_netns(netns)
+        if fd is not None:
+            roles, fds = proto.ROLE_NETNS, [fd]
+    flags = os.O_RDONLY | os.O_CLOEXEC
+    for role, path, extra in ((proto.ROLE_CALLER_NET, "/proc/thread-self/ns/net", 0),
+                              (proto.ROLE_CALLER_MNT, "/proc/thread-self/ns/mnt", 0),
+                              (proto.ROLE_CWD, ".", os.O_PATH | os.O_DIRECTORY)):
+        try:
+            fds.append(os.open(path, flags | extra))
+        except OSError:
+            continue
+        roles |= role
+    return roles, fds
+
+
+def open_netns(path: str) -> int | None:
+    """CNI_NETNS as an fd if it is a network namespace; None leaves the error to the plugin."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # never block on a FIFO
+    except OSError:
+        return None
+    try:
+        if fcntl.ioctl(fd, _NS_GET_NSTYPE) == _CLONE_NEWNET:
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _receive(sock, stdin: bytes) -> Reply | None:
+    try:
+        first = sock.recv(1)
+    except TimeoutError:
+        # It has the whole request and may still start it: never run it a second time here.
+        return lost(stdin, "the pycni daemon did not accept the request in time")
+    except OSError:
+        return None  # reset before the ACK: not run
+    if first == b"":
+        return None  # closed before the ACK (shutting down, restarting): not run
+    sock.settimeout(None)  # accepted: the daemon's own timeout bounds the run
+    head = first if first == proto.REPLY else b""
+    try:
+        head += _read_exact(sock, proto.REPLY_PREFIX - len(head))
+        code, out_len, err_len = proto.reply_sizes(head)
+        body = _read_exact(sock, out_len + err_len)
+    except (OSError, ValueError, EOFError):
+        return lost(stdin, "the pycni daemon stopped while running the request")
+    return body[:out_len], body[out_len:], code
+
+
+def _read_exact(sock, size: int) -> bytes:
+    chunks, left = [], size
+    while left > 0:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise EOFError("short reply")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def lost(stdin: bytes, why: str) -> Reply:
+    """A request that may have run but whose answer was lost: 11, so the runtime retries."""
+    return proto.error_reply(proto.TRY_AGAIN_LATER, why, stdin), b"", 1
+
+
+# --- I/O ----------------------------------------------------------------------------------------
+
+def read_stdin() -> bytes:
+    try:
+        if os.isatty(0):
+            return b""
+        chunks = []
+        while chunk := os.read(0, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return b""  # no stdin at all
+
+
+def write(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        pass  # the reader went away; the exit code still tells
