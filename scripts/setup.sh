@@ -5,7 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_RUNTIME="iproute2 nftables libnftables1 conntrack kmod"
-APT_TEST="containernetworking-plugins iperf3 busybox-static procps psmisc iputils-ping ncat"
+# Real clients for integration/: containerd + runc (ctr run --cni), podman (CNI backend) with
+# buildah for the offline image, iptables for the reference portmap in the differential test.
+APT_TEST="containernetworking-plugins iperf3 busybox-static procps psmisc iputils-ping ncat
+  containerd runc podman buildah iptables curl util-linux"
 want=""
 for p in $APT_RUNTIME ${PYCNI_TEST_PACKAGES:-$APT_TEST}; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || want="$want $p"
