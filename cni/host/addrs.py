@@ -12,6 +12,7 @@ import time
 from cni.host import links, routes, sysctl
 from cni.spec.errors import CNIError, Code
 
+IFA_F_NODAD = 0x02
 IFA_F_DADFAILED = 0x08
 IFA_F_TENTATIVE = 0x40
 SETTLE_SECONDS = 10
@@ -138,9 +139,11 @@ def ensure_gateway(ifname: str, cidr: str, force: bool) -> None:
                     raise _err(f'"{ifname}" already has an IP address different from {cidr}')
                 ipr.addr("del", index=link.index, address=str(have.ip),
                          prefixlen=have.network.prefixlen)
+        # No DAD for a v6 gateway: pods can use it as soon as ADD returns, not ~2 s later.
+        flags = {"flags": IFA_F_NODAD} if want.version == 6 else {}
         try:
             ipr.addr("add", index=link.index, address=str(want.ip),
-                     prefixlen=want.network.prefixlen)
+                     prefixlen=want.network.prefixlen, **flags)
         except NetlinkError as e:
             if e.code != 17:
                 raise _err(f'could not add IP address to "{ifname}": {e}') from None

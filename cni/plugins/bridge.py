@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
@@ -27,8 +27,8 @@ from cni.spec.errors import CNIError, Code, invalid_config, unsupported
 from cni.spec.result import Result
 
 _MAC = re.compile(r"^[0-9a-fA-F]{2}([:-][0-9a-fA-F]{2}){5}$")
-Bool = Annotated[bool, StrictBool]
-Int = Annotated[int, StrictInt]
+Bool = StrictBool
+Int = StrictInt
 
 
 class VlanTrunk(Model):

@@ -1,0 +1,456 @@
+"""bridge through the exec'd binary: real namespaces, real kernel state, real traffic."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from bridge_util import (
+    conf,
+    host_veths,
+    ipam_path,
+    masq_rules,
+    reservations,
+    slave_data,
+    spoof_chains,
+    sysctl,
+    vlan_filtering_supported,
+)
+
+pytestmark = pytest.mark.root
+
+DUAL = [[{"subnet": "10.22.0.0/24"}], [{"subnet": "fd00:22::/64"}]]
+
+
+def add(plugins, c, pod, **kw):
+    return plugins.ok("bridge", "ADD", c, netns=pod.path, path=ipam_path(), **kw)
+
+
+def run(plugins, command, c, pod=None, **kw):
+    return plugins.exec("bridge", command, c, netns=pod.path if pod else "", path=ipam_path(),
+                        **kw)
+
+
+def ping(ns, address: str, attempts: int = 10) -> None:
+    """Ping until one reply (neighbour discovery and port state may need a moment)."""
+    cmd = ["ping", "-c1", "-W1", address]
+    for _ in range(attempts):
+        if ns.run(*cmd, check=False).returncode == 0:
+            return
+    ns.run(*cmd)  # raises with ping's output
+
+
+def no_ping(ns, address: str) -> bool:
+    return ns.run("ping", "-c2", "-W1", address, check=False).returncode != 0
+
+
+def addr_of(result: dict, version: int) -> str:
+    return next(ip["address"].split("/")[0] for ip in result["ips"]
+                if (":" in ip["address"]) == (version == 6))
+
+
+# --- ADD: the result, the kernel state and traffic -------------------------------------------
+
+def test_two_pods_ping_each_other_and_the_gateway_v4_v6(plugins, host, netns_factory,
+                                                        tmp_path) -> None:
+    c = conf(tmp_path, ranges=DUAL)
+    a, b = netns_factory("pycni-pod"), netns_factory("pycni-pod")
+    ra = add(plugins, c, a, container_id="a")
+    rb = add(plugins, c, b, container_id="b")
+
+    assert [i["name"] for i in ra["interfaces"]][::2] == ["cni0", "eth0"]
+    assert ra["interfaces"][1]["name"].startswith("veth") and len(ra["interfaces"][1]["name"]) == 12
+    assert ra["interfaces"][2]["sandbox"] == a.path
+    assert ra["ips"] == [
+        {"interface": 2, "address": "10.22.0.2/24", "gateway": "10.22.0.1"},
+        {"interface": 2, "address": "fd00:22::2/64", "gateway": "fd00:22::1"}]
+    assert a.addresses("eth0")[:2] == ["10.22.0.2/24", "fd00:22::2/64"]
+    assert host.addresses("cni0")[0] == "10.22.0.1/24"
+    assert "fd00:22::1/64" in host.addresses("cni0")
+    assert sysctl(host, "net/ipv4/ip_forward") == "1"
+    assert sysctl(host, "net/ipv6/conf/all/forwarding") == "1"
+
+    for src, dst in ((a, rb), (b, ra)):
+        ping(src, addr_of(dst, 4))
+        ping(src, addr_of(dst, 6))
+        ping(src, "10.22.0.1")
+        ping(src, "fd00:22::1")
+
+
+def test_kernel_state_of_a_default_add(plugins, host, pod, tmp_path) -> None:
+    out = add(plugins, conf(tmp_path, isDefaultGateway=True), pod)
+    veth = out["interfaces"][1]["name"]
+    links = host.links()
+    assert links["cni0"]["linkinfo"]["info_kind"] == "bridge"
+    assert links[veth]["master"] == "cni0" and links[veth]["operstate"] == "UP"
+    assert slave_data(host, veth)["state"] == "forwarding"
+    assert slave_data(host, veth)["hairpin"] is False
+    assert slave_data(host, veth)["isolated"] is False
+    assert "PROMISC" not in links["cni0"]["flags"]
+    assert sysctl(host, "net/ipv6/conf/cni0/accept_ra") == "0"
+    assert sysctl(host, f"net/ipv6/conf/{veth}/accept_ra") == "0"
+    assert sysctl(pod, "net/ipv6/conf/eth0/accept_dad") == "0"
+    assert sysctl(pod, "net/ipv4/conf/eth0/arp_notify") == "1"
+    assert links["cni0"]["address"] == out["interfaces"][0]["mac"]
+    assert links[veth]["address"] == out["interfaces"][1]["mac"]
+    assert pod.links()["eth0"]["address"] == out["interfaces"][2]["mac"]
+    assert out["routes"] == [{"dst": "0.0.0.0/0", "gw": "10.22.0.1"}]
+    assert {"dst": "default", "gateway": "10.22.0.1", "dev": "eth0", "flags": []}.items() <= \
+        pod.ip("-4", "route", "show", "default")[0].items()
+
+
+def test_bridge_mac_is_pinned_as_ports_come_and_go(plugins, host, netns_factory,
+                                                   tmp_path) -> None:
+    c = conf(tmp_path)
+    pods = [netns_factory("pycni-pod") for _ in range(3)]
+    first = add(plugins, c, pods[0], container_id="p0")["interfaces"][0]["mac"]
+    add(plugins, c, pods[1], container_id="p1")
+    plugins.ok("bridge", "DEL", c, container_id="p0", netns=pods[0].path, path=ipam_path())
+    add(plugins, c, pods[2], container_id="p2")
+    assert host.links()["cni0"]["address"] == first
+    assert host.run("cat", "/sys/class/net/cni0/addr_assign_type").stdout.strip() == "3"
+
+
+def test_existing_bridge_is_kept(plugins, host, pod, tmp_path) -> None:
+    host.run("ip", "link", "add", "cni0", "type", "bridge", "ageing_time", "1234")
+    add(plugins, conf(tmp_path), pod)
+    assert host.links()["cni0"]["linkinfo"]["info_data"]["ageing_time"] == 1234
+
+
+def test_a_non_bridge_of_that_name_is_an_error(plugins, host, pod, tmp_path) -> None:
+    host.run("ip", "link", "add", "cni0", "type", "veth", "peer", "name", "cni0p")
+    code, out, _ = run(plugins, "ADD", conf(tmp_path), pod)
+    assert code == 1 and out["msg"] == '"cni0" already exists but is not a bridge'
+    assert reservations(tmp_path) == [] and "eth0" not in pod.links()
+
+
+def test_mtu_on_bridge_and_both_veth_ends(plugins, host, pod, tmp_path) -> None:
+    out = add(plugins, conf(tmp_path, mtu=1400), pod)
+    assert host.links()["cni0"]["mtu"] == 1400
+    assert host.links()[out["interfaces"][1]["name"]]["mtu"] == 1400
+    assert pod.links()["eth0"]["mtu"] == 1400
+
+
+def test_hairpin_mode(plugins, host, pod, tmp_path) -> None:
+    out = add(plugins, conf(tmp_path, hairpinMode=True), pod)
+    assert slave_data(host, out["interfaces"][1]["name"])["hairpin"] is True
+
+
+def test_promisc_mode(plugins, host, pod, tmp_path) -> None:
+    add(plugins, conf(tmp_path, promiscMode=True), pod)
+    assert "PROMISC" in host.links()["cni0"]["flags"]
+
+
+def test_port_isolation_blocks_pod_to_pod_not_gateway(plugins, host, netns_factory,
+                                                      tmp_path) -> None:
+    c = conf(tmp_path, portIsolation=True)
+    a, b = netns_factory("pycni-pod"), netns_factory("pycni-pod")
+    ra = add(plugins, c, a, container_id="a")
+    rb = add(plugins, c, b, container_id="b")
+    assert slave_data(host, ra["interfaces"][1]["name"])["isolated"] is True
+    ping(a, "10.22.0.1")
+    ping(b, "10.22.0.1")
+    assert no_ping(a, addr_of(rb, 4))
+
+
+def test_enabledad_sets_the_dad_sysctls(plugins, pod, tmp_path) -> None:
+    add(plugins, conf(tmp_path, enabledad=True, ranges=DUAL), pod)
+    assert sysctl(pod, "net/ipv6/conf/eth0/accept_dad") == "1"
+    assert sysctl(pod, "net/ipv6/conf/eth0/enhanced_dad") == "1"
+    # DAD has finished when ADD returns: the address is usable, not tentative.
+    info = [a for a in pod.ip("-6", "addr", "show", "dev", "eth0", "scope", "global")[0]
+            ["addr_info"] if a]  # `ip -j` appends an empty object here
+    assert [a["local"] for a in info] == ["fd00:22::2"] and not info[0].get("tentative")
+
+
+def test_gateway_address_without_and_with_force_address(plugins, host, netns_factory,
+                                                        tmp_path) -> None:
+    host.run("ip", "link", "add", "cni0", "type", "bridge")
+    host.run("ip", "addr", "add", "10.99.0.1/24", "dev", "cni0")
+    pod = netns_factory("pycni-pod")
+    code, out, _ = run(plugins, "ADD", conf(tmp_path), pod)
+    assert code == 1
+    assert out["msg"] == ('failed to set bridge addr: "cni0" already has an IP address '
+                          'different from 10.22.0.1/24')
+    assert [a for a in host.addresses("cni0") if ":" not in a] == ["10.99.0.1/24"]
+    # That failure came after IPAM: nothing of the attempt is left.
+    assert reservations(tmp_path) == [] and host_veths(host) == []
+    assert "eth0" not in pod.links()
+
+    add(plugins, conf(tmp_path, forceAddress=True), pod)
+    assert [a for a in host.addresses("cni0") if ":" not in a] == ["10.22.0.1/24"]
+
+
+def test_l2_only_and_disable_container_interface(plugins, host, netns_factory,
+                                                 tmp_path) -> None:
+    l2 = {"cniVersion": "1.0.0", "name": "l2", "type": "bridge", "bridge": "br-l2",
+          "ipam": {}}
+    a, b = netns_factory("pycni-pod"), netns_factory("pycni-pod")
+    out = add(plugins, l2, a, container_id="a")
+    assert "ips" not in out and [i["name"] for i in out["interfaces"]][::2] == ["br-l2", "eth0"]
+    assert "UP" in a.links()["eth0"]["flags"]
+    out = add(plugins, l2 | {"disableContainerInterface": True}, b, container_id="b")
+    assert "UP" not in b.links()["eth0"]["flags"]
+    assert host.links()[out["interfaces"][1]["name"]]["master"] == "br-l2"
+
+
+# --- MAC sources -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("source", ["runtimeConfig", "args", "CNI_ARGS"])
+def test_container_mac_from_each_source(plugins, pod, tmp_path, source) -> None:
+    mac = "0a:58:0a:16:00:99"
+    c, kw = conf(tmp_path), {}
+    if source == "runtimeConfig":
+        c["runtimeConfig"] = {"mac": mac}
+        c["args"] = {"cni": {"mac": "0a:58:00:00:00:01"}}
+        kw["cni_args"] = "IgnoreUnknown=1;MAC=0a:58:00:00:00:02"
+    elif source == "args":
+        c["args"] = {"cni": {"mac": mac}}
+        kw["cni_args"] = "IgnoreUnknown=1;K8S_POD_NAME=x;MAC=0a:58:00:00:00:02"
+    else:
+        # host-local refuses an unknown MAC key too (as the reference's does): IgnoreUnknown.
+        kw["cni_args"] = f"IgnoreUnknown=true;MAC={mac.upper()}"
+    out = add(plugins, c, pod, **kw)
+    assert pod.links()["eth0"]["address"] == mac == out["interfaces"][2]["mac"]
+
+
+def test_unknown_cni_args_are_refused_unless_ignore_unknown(plugins, host, pod,
+                                                             tmp_path) -> None:
+    code, out, _ = run(plugins, "ADD", conf(tmp_path), pod, cni_args="K8S_POD_NAME=web")
+    assert code == 1 and out["code"] == 4 and "K8S_POD_NAME=web" in out["msg"]
+    assert "cni0" not in host.links()
+    add(plugins, conf(tmp_path), pod, cni_args="IgnoreUnknown=1;K8S_POD_NAME=web")
+
+
+@pytest.mark.parametrize("key, c_extra, value", [
+    ("runtimeConfig.mac", {"runtimeConfig": {"mac": "zz:58:0a:16:00:99"}}, "zz:58:0a:16:00:99"),
+    ("args.cni.mac", {"args": {"cni": {"mac": "01:00:5e:00:00:01"}}}, "01:00:5e:00:00:01"),
+])
+def test_bad_mac_is_error_7_naming_key_and_value(plugins, host, pod, tmp_path, key, c_extra,
+                                                  value) -> None:
+    code, out, _ = run(plugins, "ADD", conf(tmp_path) | c_extra, pod)
+    assert code == 1 and out["code"] == 7 and key in out["msg"] and value in out["msg"]
+    assert "cni0" not in host.links()
+
+
+# --- config validation -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("extra, code, needles", [
+    ({"vlan": 5000}, 7, ["vlan", "5000"]),
+    ({"vlan": -1}, 7, ["vlan", "-1"]),
+    ({"vlanTrunk": [{"minID": 0, "maxID": 10}]}, 7, ["vlanTrunk[0].minID", "0"]),
+    ({"vlanTrunk": [{"minID": 1, "maxID": 4095}]}, 7, ["vlanTrunk[0].maxID", "4095"]),
+    ({"vlanTrunk": [{"minID": 20, "maxID": 10}]}, 7, ["vlanTrunk[0]", "minID is greater"]),
+    ({"vlanTrunk": [{"id": 5000}]}, 7, ["vlanTrunk[0].id", "5000"]),
+    ({"vlan": 10, "vlanTrunk": [{"id": 20}]}, 7, ["vlanTrunk", "at the same time"]),
+    ({"hairpinMode": True, "promiscMode": True}, 7, ["promiscMode", "hairpin"]),
+    ({"disableContainerInterface": True}, 7, ["disableContainerInterface", "IPAM"]),
+    ({"ipMasq": True, "ipMasqBackend": "iptables"}, 2, ["ipMasqBackend", '"iptables"']),
+    ({"ipMasqBackend": "ebpf"}, 7, ["ipMasqBackend", '"ebpf"']),
+    ({"mtu": "1400"}, 7, ["mtu", '"1400"']),
+    ({"mtu": 10}, 7, ["mtu", "10"]),
+    ({"isGateway": "yes"}, 7, ["isGateway", '"yes"']),
+    ({"bridge": "a/b"}, 7, ["bridge", '"a/b"']),
+    ({"bridge": "x" * 16}, 7, ["bridge", "x" * 16]),
+])
+def test_config_errors_name_key_and_value_and_change_nothing(plugins, host, pod, tmp_path,
+                                                              extra, code, needles) -> None:
+    rc, out, _ = run(plugins, "ADD", conf(tmp_path) | extra, pod)
+    assert rc == 1 and out["code"] == code, out
+    for needle in needles:
+        assert needle in out["msg"], out
+    assert "cni0" not in host.links() and "eth0" not in pod.links()
+    assert reservations(tmp_path) == []
+
+
+def bridge_vlans(host) -> dict[str, list]:
+    return {e["ifname"]: e["vlans"]
+            for e in json.loads(host.run("bridge", "-j", "vlan", "show").stdout)}
+
+
+# --- VLANs -----------------------------------------------------------------------------------
+
+def test_vlan_access_and_trunk_ports(plugins, host, netns_factory, tmp_path) -> None:
+    a, b = netns_factory("pycni-pod"), netns_factory("pycni-pod")
+    c = conf(tmp_path, vlan=100, preserveDefaultVlan=False)
+    if not vlan_filtering_supported(host):
+        # This kernel has no CONFIG_BRIDGE_VLAN_FILTERING: a clear error, nothing left.
+        code, out, _ = run(plugins, "ADD", c, a)
+        assert code == 1 and "vlan filtering is not supported" in out["msg"]
+        assert "cni0" not in host.links() and reservations(tmp_path) == []
+        pytest.skip("kernel built without bridge VLAN filtering")
+    ra = add(plugins, c, a, container_id="a")
+    veth = ra["interfaces"][1]["name"]
+    assert host.links()["cni0"]["linkinfo"]["info_data"]["vlan_filtering"] == 1
+    vlans = bridge_vlans(host)
+    assert vlans[veth] == [{"vlan": 100, "flags": ["PVID", "Egress Untagged"]}]
+    assert ra["interfaces"][3]["name"] == "cni0.100"
+    trunk = conf(tmp_path, bridge="cni1", vlanTrunk=[{"minID": 200, "maxID": 202}, {"id": 300}])
+    trunk["name"] = "trunknet"
+    rb = add(plugins, trunk, b, container_id="b")
+    vlans = bridge_vlans(host)
+    got = [v["vlan"] for v in vlans[rb["interfaces"][1]["name"]]]
+    assert {200, 201, 202, 300} <= set(got) and 1 in got  # preserveDefaultVlan defaults true
+
+
+# --- masquerade ------------------------------------------------------------------------------
+
+def wire_outside(host, netns_factory):
+    """An 'outside' namespace wired to the test host: 192.168.77.1 (host) - .2 (outside)."""
+    outside = netns_factory("pycni-out")
+    host.run("ip", "link", "add", "uplink", "type", "veth", "peer", "name", "wan0",
+             "netns", outside.name)
+    host.run("ip", "addr", "add", "192.168.77.1/24", "dev", "uplink")
+    host.run("ip", "link", "set", "uplink", "up")
+    outside.run("ip", "addr", "add", "192.168.77.2/24", "dev", "wan0")
+    outside.run("ip", "link", "set", "wan0", "up")
+    return outside
+
+
+def tcp_source_seen(outside, client, address: str, port: int = 7777) -> str:
+    """Connect from `client` to an ncat listener in `outside`; the peer address it saw."""
+    listener = subprocess.Popen(
+        ["ip", "netns", "exec", outside.name, "ncat", "-v", "-l", address, str(port)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(50):
+            done = client.run("ncat", "-w", "1", "--send-only", address, str(port),
+                              input="hello\n", check=False)
+            if done.returncode == 0:
+                break
+            outside.run("sleep", "0.1")
+        _, err = listener.communicate(timeout=10)
+    finally:
+        listener.kill()
+        listener.wait()
+    line = next(x for x in err.splitlines() if "Connection from" in x)
+    return line.split("Connection from ")[1].split(":")[0].strip(".")
+
+
+def test_ipmasq_pod_reaches_outside_as_the_host(plugins, host, pod, netns_factory,
+                                                tmp_path) -> None:
+    outside = wire_outside(host, netns_factory)
+    c = conf(tmp_path, isDefaultGateway=True, ipMasq=True)
+    add(plugins, c, pod)
+    rules = masq_rules(host)
+    assert len(rules) == 1
+    assert rules[0]["comment"].endswith(", net: testnet, if: eth0, id: ctr1")
+    ping(pod, "192.168.77.2")
+    assert tcp_source_seen(outside, pod, "192.168.77.2") == "192.168.77.1"
+    plugins.ok("bridge", "DEL", c, netns=pod.path, path=ipam_path())
+    assert masq_rules(host) == []
+
+
+def test_without_ipmasq_the_outside_cannot_answer(plugins, host, pod, netns_factory,
+                                                  tmp_path) -> None:
+    wire_outside(host, netns_factory)
+    add(plugins, conf(tmp_path, isDefaultGateway=True), pod)
+    assert masq_rules(host) == []
+    assert no_ping(pod, "192.168.77.2")  # the outside has no route back to 10.22.0.0/24
+
+
+# --- mac spoof check -------------------------------------------------------------------------
+
+def test_macspoofchk_drops_frames_from_another_mac(plugins, host, pod, tmp_path) -> None:
+    c = conf(tmp_path, macspoofchk=True)
+    add(plugins, c, pod)
+    assert len(spoof_chains(host)) == 2
+    ping(pod, "10.22.0.1")
+    pod.run("ip", "link", "set", "eth0", "address", "0a:58:de:ad:be:ef")
+    host.run("ip", "neigh", "flush", "dev", "cni0")
+    assert no_ping(pod, "10.22.0.1")
+    plugins.ok("bridge", "DEL", c, netns=pod.path, path=ipam_path())
+    assert spoof_chains(host) == []
+
+
+# --- failed ADD ------------------------------------------------------------------------------
+
+def test_failed_add_after_ipam_leaves_nothing(plugins, host, pod, tmp_path) -> None:
+    # The address IPAM hands out is already on the pod's ... bridge gateway conflicts: the
+    # failure comes after the reservation, the veth and the spoof-check rules were made.
+    host.run("ip", "link", "add", "cni0", "type", "bridge")
+    host.run("ip", "addr", "add", "10.99.0.1/24", "dev", "cni0")
+    c = conf(tmp_path, ipMasq=True, macspoofchk=True)
+    code, out, _ = run(plugins, "ADD", c, pod)
+    assert code == 1 and "already has an IP address" in out["msg"]
+    assert reservations(tmp_path) == []
+    assert host_veths(host) == [] and "eth0" not in pod.links()
+    assert masq_rules(host) == [] and spoof_chains(host) == []
+
+
+def test_container_interface_name_taken_is_an_error(plugins, host, pod, tmp_path) -> None:
+    pod.run("ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth1")
+    code, out, _ = run(plugins, "ADD", conf(tmp_path), pod)
+    assert code == 1 and out["msg"] == "container veth name provided (eth0) already exists"
+    assert host_veths(host) == [] and reservations(tmp_path) == []
+
+
+# --- DEL -------------------------------------------------------------------------------------
+
+def test_del_twice(plugins, host, pod, tmp_path) -> None:
+    c = conf(tmp_path, ipMasq=True, macspoofchk=True)
+    add(plugins, c, pod)
+    for _ in range(2):
+        plugins.ok("bridge", "DEL", c, netns=pod.path, path=ipam_path())
+        assert host_veths(host) == [] and "eth0" not in pod.links()
+        assert reservations(tmp_path) == [] and masq_rules(host) == []
+        assert spoof_chains(host) == []
+    assert "cni0" in host.links()  # the bridge is never deleted
+
+
+def test_del_with_empty_netns_removes_rules_and_reservation(plugins, host, pod,
+                                                            tmp_path) -> None:
+    c = conf(tmp_path, ipMasq=True, macspoofchk=True)
+    add(plugins, c, pod)
+    plugins.ok("bridge", "DEL", c, netns="", path=ipam_path())
+    assert reservations(tmp_path) == [] and masq_rules(host) == []
+    assert spoof_chains(host) == []
+
+
+def test_del_after_the_netns_is_gone(plugins, host, netns_factory, tmp_path) -> None:
+    pod = netns_factory("pycni-pod")
+    c = conf(tmp_path, ipMasq=True)
+    add(plugins, c, pod)
+    subprocess.run(["ip", "netns", "del", pod.name], check=True)
+    plugins.ok("bridge", "DEL", c, netns=pod.path, path=ipam_path())
+    assert reservations(tmp_path) == [] and masq_rules(host) == [] and host_veths(host) == []
+
+
+def test_del_removes_only_its_own_rules(plugins, host, netns_factory, tmp_path) -> None:
+    """Reference #810: rules are found by comment, never by IP."""
+    c = conf(tmp_path, ipMasq=True)
+    a, b = netns_factory("pycni-pod"), netns_factory("pycni-pod")
+    add(plugins, c, a, container_id="a")
+    add(plugins, c, b, container_id="b")
+    plugins.ok("bridge", "DEL", c, container_id="a", netns="", path=ipam_path())
+    left = masq_rules(host)
+    assert len(left) == 1 and left[0]["comment"].endswith("id: b")
+
+
+# --- CHECK -----------------------------------------------------------------------------------
+
+def test_check_passes_then_notices_what_went_missing(plugins, host, pod, tmp_path) -> None:
+    c = conf(tmp_path, ipMasq=True, isDefaultGateway=True)
+    out = add(plugins, c, pod)
+    with_prev = c | {"prevResult": out}
+    plugins.ok("bridge", "CHECK", with_prev, netns=pod.path, path=ipam_path())
+
+    host.run("nft", "flush", "chain", "inet", "cni_plugins_masquerade", "masq_checks")
+    code, err, _ = run(plugins, "CHECK", with_prev, pod)
+    assert code == 1 and "masquerade rule for 10.22.0.2 is missing" in err["msg"]
+
+    pod.run("ip", "route", "del", "default")
+    code, err, _ = run(plugins, "CHECK", with_prev, pod)
+    assert code == 1 and "0.0.0.0/0" in err["msg"]
+
+    pod.run("ip", "addr", "flush", "dev", "eth0")
+    code, err, _ = run(plugins, "CHECK", with_prev, pod)
+    assert code == 1 and "10.22.0.2/24" in err["msg"]
+
+
+def test_check_needs_prev_result(plugins, pod, tmp_path) -> None:
+    c = conf(tmp_path)
+    add(plugins, c, pod)
+    code, out, _ = run(plugins, "CHECK", c, pod)
+    assert code == 1 and out["msg"] == "Required prevResult missing"
