@@ -238,6 +238,9 @@ class Podman:
     def __init__(self, node: Node, work: Path, bin_dir: Path, conf_dir: Path) -> None:
         self.node, self.work = node, work
         work.mkdir(parents=True, exist_ok=True)
+        # podman wants runroot under 50 chars (it holds sockets): a short dir of its own.
+        self.short = Path(tempfile.mkdtemp(prefix="pycni-pm-", dir="/tmp"))
+        runroot = self.short / "run"
         nofile = _ulimit(resource.RLIMIT_NOFILE, 1024)
         nproc = _ulimit(resource.RLIMIT_NPROC, 1024)
         self.conf = work / "containers.conf"
@@ -253,16 +256,16 @@ class Podman:
             'cgroup_manager = "cgroupfs"\n'
             'events_logger = "file"\n'
             f'events_logfile_path = "{work / "events.log"}"\n'
-            f'tmp_dir = "{work / "tmp"}"\n'
+            f'tmp_dir = "{self.short / "tmp"}"\n'
             f'static_dir = "{work / "static"}"\n'
             f'volume_path = "{work / "volumes"}"\n')
-        self.storage = ["--root", str(work / "storage"), "--runroot", str(work / "runroot"),
+        self.storage = ["--root", str(work / "storage"), "--runroot", str(runroot),
                         "--storage-driver", "vfs"]
         self.env = {"CONTAINERS_CONF": str(self.conf),
                     "CONTAINERS_STORAGE_CONF": str(work / "storage.conf"),
                     "CONTAINERS_REGISTRIES_CONF": str(work / "registries.conf")}
         (work / "storage.conf").write_text(
-            f'[storage]\ndriver = "vfs"\nrunroot = "{work / "runroot"}"\n'
+            f'[storage]\ndriver = "vfs"\nrunroot = "{runroot}"\n'
             f'graphroot = "{work / "storage"}"\n')
         (work / "registries.conf").write_text("unqualified-search-registries = []\n")
 
@@ -274,6 +277,8 @@ class Podman:
     def stop(self) -> None:
         self.run("rm", "--all", "--force", "--time", "0", check=False, timeout=60)
         kill_processes_mentioning(str(self.work))
+        kill_processes_mentioning(str(self.short))
+        shutil.rmtree(self.short, ignore_errors=True)
 
 
 def _ulimit(which: int, want: int) -> int:
