@@ -82,3 +82,6 @@ def vlan_filtering_supported(ns: Netns) -> bool:
 
 def dump(obj: Any) -> str:
     return json.dumps(obj, indent=1, sort_keys=True)
+
+
+DUAL = [[{"subnet": "10.22.0.0/24"}], [{"subnet": "fd00:22::/64"}]]

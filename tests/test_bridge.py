@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 from bridge_util import (
+    DUAL,
     conf,
     host_veths,
     ipam_path,
@@ -20,7 +21,7 @@ from bridge_util import (
 
 pytestmark = pytest.mark.root
 
-DUAL = [[{"subnet": "10.22.0.0/24"}], [{"subnet": "fd00:22::/64"}]]
+
 
 
 def add(plugins, c, pod, **kw):

@@ -7,6 +7,7 @@ import ipaddress
 from cni.spec.errors import CNIError, Code
 
 AF_INET, AF_INET6 = 2, 10
+RTPROT_BOOT = 3
 
 
 def family_of(cidr: str) -> int:
@@ -27,7 +28,8 @@ def add(ipr, dst: str, oif: int, gw: str | None = None, *, mtu: int = 0, advmss:
     """Add one route through `oif`; an identical route already there is fine."""
     from pyroute2.netlink.exceptions import NetlinkError
 
-    spec: dict = {**_dst(dst), "oif": oif}
+    # proto boot, as the reference's netlink library leaves it (pyroute2 would say static).
+    spec: dict = {**_dst(dst), "oif": oif, "proto": RTPROT_BOOT}
     if gw:
         spec["gateway"] = gw
     metrics = {k: v for k, v in (("RTAX_MTU", mtu), ("RTAX_ADVMSS", advmss)) if v}
