@@ -1,0 +1,56 @@
+"""bridge GC and STATUS (CNI 1.1.0): stale masquerade / spoof-check rules and reservations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from bridge_util import conf, ipam_path, masq_rules, reservations, spoof_chains
+
+from cni import skel
+from cni.host import nft
+
+
+def attach(cid: str, ifname: str = "eth0") -> dict:
+    return {"containerID": cid, "ifname": ifname}
+
+
+@pytest.mark.root
+def test_gc_removes_what_is_not_valid_and_keeps_the_rest(plugins, host, netns_factory,
+                                                         tmp_path) -> None:
+    c = conf(tmp_path, version="1.1.0", ipMasq=True, macspoofchk=True)
+    other = c | {"name": "othernet", "bridge": "cni1",
+                 "ipam": c["ipam"] | {"subnet": "10.23.0.0/24"}}
+    pods = {cid: netns_factory("pycni-pod") for cid in ("a", "b", "c")}
+    for cid, pod in pods.items():
+        plugins.ok("bridge", "ADD", c, container_id=cid, netns=pod.path, path=ipam_path())
+    plugins.ok("bridge", "ADD", other, container_id="b", netns=pods["b"].path, ifname="net1",
+               path=ipam_path())
+    assert len(masq_rules(host)) == 4 and len(spoof_chains(host)) == 8
+
+    for key in ("cni.dev/valid-attachments", "cni.dev/attachments"):
+        gc_conf = c | {key: [attach("a")]}
+        plugins.ok("bridge", "GC", gc_conf, container_id="", ifname="", path=ipam_path())
+        comments = sorted(r["comment"].split("id: ")[1] for r in masq_rules(host))
+        assert comments == ["a", "b"]  # testnet/a and othernet/b (another network's) are kept
+        assert len(spoof_chains(host)) == 4
+        assert reservations(tmp_path) == ["10.22.0.2"]
+        assert reservations(tmp_path, "othernet") == ["10.23.0.2"]
+
+
+@pytest.mark.root
+def test_status_delegates_to_ipam(plugins, tmp_path) -> None:
+    c = conf(tmp_path, version="1.1.0", ipMasq=True)
+    plugins.ok("bridge", "STATUS", c, container_id="", ifname="", path=ipam_path())
+
+
+def test_status_is_50_when_nftables_is_unusable_and_ipmasq_is_set(monkeypatch,
+                                                                  tmp_path) -> None:
+    monkeypatch.setattr(nft, "available", lambda: (False, "libnftables is not usable: test"))
+    env = {"CNI_COMMAND": "STATUS", "CNI_PATH": "/nonexistent"}
+    c = {"cniVersion": "1.1.0", "name": "n", "type": "bridge", "ipMasq": True, "ipam": {}}
+    reply = skel.run("bridge", env, json.dumps(c).encode())
+    out = json.loads(reply.stdout)
+    assert reply.code == 1 and out["code"] == 50 and "nftables" in out["msg"]
+    reply = skel.run("bridge", env, json.dumps(c | {"ipMasq": False}).encode())
+    assert reply.code == 0
