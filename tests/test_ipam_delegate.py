@@ -1,0 +1,148 @@
+"""IPAM delegation: our host-local in-process, anything else exec'd, same behaviour either way."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from test_host_local import GO, ROOT, conf, needs_go, reservations, store_files
+
+from cni.ipam import delegate
+from cni.skel import Request
+from cni.spec.errors import CNIError
+
+
+def request(config: dict, path: list[str], command: str = "ADD", cid: str = "ctr1",
+            ifname: str = "eth0", cni_args: list[tuple[str, str]] | None = None) -> Request:
+    stdin = json.dumps(config).encode()
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/dev/null",
+           "CNI_IFNAME": ifname, "CNI_PATH": ":".join(path),
+           "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    if cni_args:
+        env["CNI_ARGS"] = ";".join(f"{k}={v}" for k, v in cni_args)
+    return Request(plugin="bridge", command=command, container_id=cid, netns="/dev/null",
+                   ifname=ifname, args=cni_args or [], path=path, config=config,
+                   version=config["cniVersion"], stdin=stdin, env=env)
+
+
+def bridge_conf(data_dir: Path, version: str = "1.0.0") -> dict:
+    c = conf(data_dir, version, ranges=[[{"subnet": "10.110.0.0/24"}], [{"subnet": "fd00::/64"}]],
+             routes=[{"dst": "0.0.0.0/0"}])
+    return {**c, "type": "bridge", "bridge": "cni0"}
+
+
+OURS_PATH = [str(ROOT / "bin")]
+GO_PATH = ["/nonexistent", "/usr/lib/cni"]
+
+
+def test_our_host_local_is_recognised_and_go_is_not(tmp_path):
+    assert delegate.is_ours(delegate.find("host-local", OURS_PATH))
+    if os.access(GO, os.X_OK):
+        assert not delegate.is_ours(delegate.find("host-local", GO_PATH))
+    # an installed copy elsewhere is recognised by its marker
+    copy = tmp_path / "host-local"
+    shutil.copy(ROOT / "bin" / "cni-plugin", copy)
+    assert delegate.is_ours(str(copy))
+
+
+def test_in_process_runs_without_exec(tmp_path, monkeypatch):
+    def no_exec(*a, **kw):
+        raise AssertionError("exec'd although in-process was possible")
+    monkeypatch.setattr(delegate.subprocess, "run", no_exec)
+    config = bridge_conf(tmp_path)
+    result = delegate.add(request(config, OURS_PATH), "host-local")
+    assert [ip["address"] for ip in result["ips"]] == ["10.110.0.2/24", "fd00::2/64"]
+    delegate.check(request(config, OURS_PATH, "CHECK"), "host-local")
+    delegate.delete(request(config, OURS_PATH, "DEL"), "host-local")
+    assert reservations(tmp_path) == {}
+
+
+@needs_go
+@pytest.mark.parametrize("version", ["0.3.1", "0.4.0", "1.0.0"])
+def test_in_process_and_exec_reserve_alike(tmp_path, version):
+    results, stores = [], []
+    for path, data in ((OURS_PATH, tmp_path / "ours"), (GO_PATH, tmp_path / "go")):
+        config = bridge_conf(data, version)
+        got = [delegate.add(request(config, path, cid=f"c{i}"), "host-local") for i in range(3)]
+        with pytest.raises(CNIError) as e:
+            delegate.add(request(config, path, cid="c0"), "host-local")
+        assert "duplicate allocation is not allowed" in e.value.msg
+        assert e.value.code == 999
+        results.append(got)
+        stores.append(store_files(data))
+        delegate.delete(request(config, path, "DEL", cid="c1"), "host-local")
+        assert set(reservations(data)) == {"10.110.0.2", "fd00::2", "10.110.0.4", "fd00::4"}
+    assert results[0] == results[1]
+    assert stores[0] == stores[1]
+    assert results[0][0]["routes"] == [{"dst": "0.0.0.0/0"}]
+
+
+@needs_go
+def test_exec_passes_cni_args(tmp_path):
+    config = bridge_conf(tmp_path)
+    result = delegate.add(request(config, GO_PATH, cni_args=[("IP", "10.110.0.77")]),
+                          "host-local")
+    assert result["ips"][0]["address"] == "10.110.0.77/24"
+
+
+@pytest.mark.parametrize("path", [OURS_PATH, GO_PATH])
+def test_errors_keep_their_code(tmp_path, path):
+    if path == GO_PATH and not os.access(GO, os.X_OK):
+        pytest.skip("reference host-local missing")
+    config = bridge_conf(tmp_path)
+    config["ipam"]["ranges"] = [[{"subnet": "10.110.0.1/24"}]]
+    with pytest.raises(CNIError) as e:
+        delegate.add(request(config, path), "host-local")
+    assert "host bits" in e.value.msg
+    # the reference reports its config errors as 999; ours as 7 naming the key
+    assert e.value.code == (7 if path == OURS_PATH else 999)
+    assert not (tmp_path / "net1").exists()
+
+
+def test_not_found_names_type_and_path():
+    with pytest.raises(CNIError) as e:
+        delegate.add(request({"cniVersion": "1.0.0", "name": "n"}, ["/a", "/b"]), "nope")
+    assert e.value.msg == 'failed to find plugin "nope" in path [/a /b]'
+
+
+@pytest.mark.parametrize("bad", ["../host-local", "/usr/lib/cni/host-local", "..", "", "a/b"])
+def test_type_cannot_be_a_path(bad):
+    with pytest.raises(CNIError) as e:
+        delegate.add(request({"cniVersion": "1.0.0", "name": "n"}, OURS_PATH), bad)
+    assert e.value.code == 7 and "ipam.type" in e.value.msg
+
+
+def test_exec_non_json_error_is_quoted(tmp_path):
+    fake = tmp_path / "fake-ipam"
+    fake.write_text("#!/bin/sh\necho 'something broke' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    with pytest.raises(CNIError) as e:
+        delegate.add(request({"cniVersion": "1.0.0", "name": "n"}, [str(tmp_path)]), "fake-ipam")
+    assert e.value.code == 999 and '"something broke"' in e.value.msg
+
+
+def test_exec_json_error_and_env(tmp_path):
+    fake = tmp_path / "fake-ipam"
+    fake.write_text('#!/bin/sh\ncat > "$0.stdin"\nenv > "$0.env"\n'
+                    'echo \'{"code": 11, "msg": "busy", "details": "later"}\'\nexit 1\n')
+    fake.chmod(0o755)
+    config = {"cniVersion": "1.0.0", "name": "n", "ipam": {"type": "fake-ipam"}}
+    with pytest.raises(CNIError) as e:
+        delegate.gc(request(config, [str(tmp_path)], "GC"), "fake-ipam")
+    assert (e.value.code, e.value.msg, e.value.details) == (11, "busy", "later")
+    assert json.loads((tmp_path / "fake-ipam.stdin").read_text()) == config
+    env_lines = (tmp_path / "fake-ipam.env").read_text().splitlines()
+    assert "CNI_COMMAND=GC" in env_lines and "CNI_CONTAINERID=ctr1" in env_lines
+
+
+def test_exec_add_result_converted(tmp_path):
+    fake = tmp_path / "fake-ipam"
+    fake.write_text('#!/bin/sh\ncat >/dev/null\necho \'{"cniVersion": "0.2.0", '
+                    '"ip4": {"ip": "10.1.2.3/24", "gateway": "10.1.2.1"}}\'\n')
+    fake.chmod(0o755)
+    result = delegate.add(request({"cniVersion": "0.2.0", "name": "n"}, [str(tmp_path)]),
+                          "fake-ipam")
+    assert result["ips"] == [{"address": "10.1.2.3/24", "gateway": "10.1.2.1"}]
