@@ -1,0 +1,267 @@
+"""portmap: hostPort forwarding for a container, chained after the plugin that gave it its IPs.
+
+Reads like the reference's cmdAdd / cmdDel / cmdCheck, on the nftables backend only. Rule text
+and the nftables layout live in cni.host.hostport; the UDP conntrack flush in cni.host.conntrack.
+Unlike the reference, DEL does not need portMappings again (rules are found by their owner), a
+re-ADD replaces the container's rules instead of duplicating them, and GC is implemented.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from pydantic import Field, StrictBool, StrictInt, StrictStr
+
+from cni.host import conntrack, hostport, nft
+from cni.host.hostport import Mapping
+from cni.skel import Request
+from cni.spec.config import PluginConf, parse
+from cni.spec.errors import CNIError, Code, invalid_config, unsupported
+from cni.spec.result import Result
+
+DEFAULT_MARK_BIT = 13  # accepted and validated as in the reference; nftables needs no mark
+_RETRIES = 3  # a batch deleting by handle fails if a concurrent DEL removed the rule first
+
+
+class PortMapConf(PluginConf):
+    backend: StrictStr = "nftables"
+    snat: StrictBool = True
+    masqAll: StrictBool = False
+    markMasqBit: Annotated[StrictInt, Field(ge=0, le=31)] = DEFAULT_MARK_BIT
+    externalSetMarkChain: StrictStr | None = None
+    conditionsV4: list[StrictStr] | None = None
+    conditionsV6: list[StrictStr] | None = None
+
+
+# --- verbs ------------------------------------------------------------------------------------
+
+def add(req: Request) -> Result:
+    conf = parse_config(req)
+    if req.prev_result is None:
+        raise CNIError(Code.INVALID_CONFIG,
+                       "portmap must be called as a chained plugin: prevResult missing")
+    mappings = parse_mappings(req.runtime_config.get("portMappings"))
+    if not mappings:
+        return req.prev_result
+    ips = container_ips(req.prev_result, req.ifname)
+    check_host_ip_families(mappings, ips)
+    conditions = parse_conditions(conf)
+    rules = hostport.container_rules(ips, mappings, conf.snat, conf.masqAll)
+    if rules:
+        comment = owner(req)
+        _apply(lambda: hostport.add_script(rules, comment, conditions, conf.snat,
+                                           _ours(req, set(hostport.NFT_FAMILY))))
+        if conf.snat and 4 in ips:
+            hostport.route_localnet_toward(ips[4])
+        # After the rules are in, so the next packet of a stale UDP flow meets them.
+        udp = {m.host_port for m in mappings if m.protocol == "udp"}
+        for family in ips:
+            _flush_udp(req, family, udp)
+    return req.prev_result
+
+
+def delete(req: Request) -> None:
+    parse_config(req, for_del=True)
+    found = {family: _ours(req, {family}) for family in hostport.NFT_FAMILY}
+    _apply(lambda: nft.delete_rules_script(_ours(req, set(hostport.NFT_FAMILY))))
+    for family, rules in found.items():
+        _flush_udp(req, family, hostport.udp_host_ports(rules))
+
+
+def check(req: Request) -> None:
+    conf = parse_config(req)
+    if req.prev_result is None:
+        raise CNIError(Code.INVALID_CONFIG, "required prevResult missing")
+    mappings = parse_mappings(req.runtime_config.get("portMappings"))
+    if not mappings:
+        return
+    ips = container_ips(req.prev_result, req.ifname)
+    expected = hostport.container_rules(ips, mappings, conf.snat, conf.masqAll)
+    comment = owner(req)
+    for family in ips:
+        listed = _listed(family)
+        if not hostport.entry_rules_present(listed):
+            raise CNIError(Code.INTERNAL, f"{hostport.NFT_FAMILY[family]} {hostport.TABLE}: "
+                           f"prerouting/output do not jump to {hostport.HOSTPORTS_ALL}")
+        have = {hostport.signature(r) for r in
+                hostport.container_rules_found(listed, lambda c: c == comment)}
+        for rule in (r for r in expected if r.family == family):
+            if rule.signature() not in have:
+                raise CNIError(Code.INTERNAL, f"missing hostport rule in chain {rule.chain}: "
+                               f"{rule.text()}")
+
+
+def gc(req: Request) -> None:
+    """Remove the rules of this network's attachments that are not in the valid list."""
+    parse_config(req, for_del=True)
+    valid = valid_attachments(req.config)
+    if valid is None:
+        req.log("GC without cni.dev/valid-attachments: nothing removed")
+        return
+
+    def stale(comment: str) -> bool:
+        key = hostport.owner_in_network(comment, req.network)
+        return key is not None and key not in valid
+
+    found = {f: hostport.container_rules_found(_listed(f), stale) for f in hostport.NFT_FAMILY}
+    _apply(lambda: nft.delete_rules_script(
+        [r for f in hostport.NFT_FAMILY
+         for r in hostport.container_rules_found(_listed(f), stale)]))
+    for family, rules in found.items():
+        _flush_udp(req, family, hostport.udp_host_ports(rules))
+
+
+def status(req: Request) -> None:
+    ok, why = nft.available()
+    if not ok:
+        raise CNIError(Code.NOT_AVAILABLE, f"portmap: nftables is not usable: {why}")
+
+
+# --- config -----------------------------------------------------------------------------------
+
+def parse_config(req: Request, for_del: bool = False) -> PortMapConf:
+    conf = parse(PortMapConf, req.config)
+    if conf.externalSetMarkChain is not None:
+        raise unsupported("externalSetMarkChain", conf.externalSetMarkChain,
+                          "iptables backend only; the nftables backend needs no mark chain")
+    if conf.backend == "iptables" and not for_del:  # DEL: nothing of ours can exist, succeed
+        raise unsupported("backend", conf.backend, 'only "nftables" is implemented')
+    if conf.backend not in ("nftables", "iptables"):
+        raise invalid_config("backend", conf.backend, 'must be "nftables" or "iptables"')
+    return conf
+
+
+def parse_conditions(conf: PortMapConf) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for family, key, tokens in ((4, "conditionsV4", conf.conditionsV4),
+                                (6, "conditionsV6", conf.conditionsV6)):
+        if tokens:
+            try:
+                out[family] = hostport.conditions_text(tokens)
+            except ValueError as e:
+                raise invalid_config(key, tokens, str(e)) from None
+    return out
+
+
+def parse_mappings(raw: Any) -> list[Mapping]:
+    """runtimeConfig.portMappings, validated; errors name the entry by index and value."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise invalid_config("runtimeConfig.portMappings", raw, "must be a list")
+    return [_mapping(i, entry) for i, entry in enumerate(raw)]
+
+
+def _mapping(i: int, entry: Any) -> Mapping:
+    key = f"runtimeConfig.portMappings[{i}]"
+    if not isinstance(entry, dict):
+        raise invalid_config(key, entry, "must be an object")
+    for port_key in ("hostPort", "containerPort"):
+        port = entry.get(port_key)
+        if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+            raise invalid_config(f"{key}.{port_key}", port, "must be a port number 1-65535")
+    proto = entry.get("protocol")
+    if not isinstance(proto, str) or proto.lower() not in hostport.PROTOCOLS:
+        raise invalid_config(f"{key}.protocol", proto,
+                             f"must be one of {', '.join(hostport.PROTOCOLS)}")
+    return Mapping(entry["hostPort"], entry["containerPort"], proto.lower(),
+                   _host_ip(f"{key}.hostIP", entry.get("hostIP")))
+
+
+def _host_ip(key: str, value: Any) -> str:
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str):
+        raise invalid_config(key, value, "must be an IP address string")
+    try:
+        ip = ipaddress.ip_address(value)
+    except ValueError:
+        raise invalid_config(key, value, "not an IP address") from None
+    if isinstance(ip, ipaddress.IPv6Address) and (ip.ipv4_mapped or ip.scope_id):
+        raise invalid_config(key, value, "IPv4-mapped or scoped IPv6 addresses are not allowed")
+    if ip.is_multicast:
+        raise invalid_config(key, value, "must be a unicast host address")
+    return str(ip)
+
+
+def check_host_ip_families(mappings: list[Mapping], ips: dict[int, str]) -> None:
+    """A specific hostIP needs a container address of its family, or it would map nothing."""
+    for i, m in enumerate(mappings):
+        if m.host_ip and ipaddress.ip_address(m.host_ip).version not in ips:
+            raise invalid_config(f"runtimeConfig.portMappings[{i}].hostIP", m.host_ip,
+                                 "the container has no IP of that family")
+
+
+def container_ips(prev: Result, ifname: str) -> dict[int, str]:
+    """First IP per family on the sandbox interface named ifname (or with no interface index)."""
+    interfaces = prev.get("interfaces") or []
+    out: dict[int, str] = {}
+    for ip in prev.get("ips") or []:
+        addr = ipaddress.ip_interface(ip["address"]).ip
+        if addr.version in out:
+            continue
+        idx = ip.get("interface")
+        if isinstance(idx, int) and 0 <= idx < len(interfaces):
+            iface = interfaces[idx]
+            if iface.get("name") != ifname or not iface.get("sandbox"):
+                continue
+        out[addr.version] = str(addr)
+    return out
+
+
+def valid_attachments(config: dict[str, Any]) -> set[tuple[str, str]] | None:
+    raw = config.get("cni.dev/valid-attachments", config.get("cni.dev/attachments"))
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(
+            isinstance(a, dict) and isinstance(a.get("containerID"), str) for a in raw):
+        raise invalid_config("cni.dev/valid-attachments", raw,
+                             "must be a list of {containerID, ifname}")
+    return {hostport.attachment_key(a["containerID"], str(a.get("ifname", ""))) for a in raw}
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+def owner(req: Request) -> str:
+    return hostport.owner(req.container_id, req.network, req.ifname)
+
+
+def _listed(family: int) -> list[dict[str, Any]]:
+    try:
+        return hostport.listed(family)
+    except nft.NftUnavailable as e:
+        raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
+
+
+def _ours(req: Request, families: set[int]) -> list[dict[str, Any]]:
+    """This attachment's rules; also bare container-ID comments (the reference's own rules)."""
+    comment = owner(req)
+    return [r for f in sorted(families) for r in hostport.container_rules_found(
+        _listed(f), lambda c: c in (comment, req.container_id))]
+
+
+def _apply(script: Callable[[], str]) -> None:
+    """Run the batch built from a fresh listing; rebuild and retry if it raced another."""
+    for attempt in range(_RETRIES):
+        text = script()
+        if not text:
+            return
+        try:
+            nft.run(text)
+            return
+        except nft.NftUnavailable as e:
+            raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
+        except nft.NftError as e:
+            if attempt == _RETRIES - 1:
+                raise CNIError(Code.INTERNAL,
+                               f"unable to set up nftables rules for port mappings: {e}") from None
+
+
+def _flush_udp(req: Request, family: int, ports: set[int]) -> None:
+    """Informative only on failure, as in the reference: the rules are already right."""
+    try:
+        conntrack.delete_udp_dport(family, ports)
+    except Exception as e:  # a conntrack hiccup must not fail ADD/DEL
+        req.log(f"failed to delete stale UDP conntrack entries (ports {sorted(ports)}): {e}")

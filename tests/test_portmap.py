@@ -1,0 +1,336 @@
+"""portmap through the exec'd binary: real rules in a throwaway host namespace, real traffic.
+
+Pods are wired by hand (bridge, veths, addresses) and the prevResult describes that wiring, so
+these tests do not depend on the bridge plugin.
+"""
+
+from __future__ import annotations
+
+import pytest
+from portmap_util import (
+    BR,
+    FAR,
+    HOST_OUT,
+    LOCALHOST,
+    OUTSIDE,
+    Servers,
+    answered_by,
+    ask,
+    build_node,
+    portmap_conf,
+    rules_with,
+)
+
+pytestmark = pytest.mark.root
+
+HOST_PORT, POD_PORT = 8080, 80
+
+
+@pytest.fixture
+def servers():
+    made = Servers()
+    yield made
+    made.stop()
+
+
+@pytest.fixture
+def node(host, netns_factory):
+    node = build_node(host, netns_factory)
+    node.add_pod(netns_factory("pycni-poda"))
+    node.add_pod(netns_factory("pycni-podb"))
+    return node
+
+
+def pods(node):
+    return [ns for ns, _ in node.pods.values()]
+
+
+def mapping(proto: str = "tcp", host_ip: str | None = None, host_port: int = HOST_PORT,
+            pod_port: int = POD_PORT) -> dict:
+    m = {"hostPort": host_port, "containerPort": pod_port, "protocol": proto}
+    if host_ip is not None:
+        m["hostIP"] = host_ip
+    return m
+
+
+def add(plugins, node, pod, mappings, cid="ctr-a", **keys):
+    conf = portmap_conf(node.prev_result(pod), mappings, **keys)
+    return plugins.ok("portmap", "ADD", conf, container_id=cid, netns=pod.path)
+
+
+def delete(plugins, node, pod, mappings=None, cid="ctr-a", **keys):
+    conf = portmap_conf(None, mappings, **keys)
+    return plugins.ok("portmap", "DEL", conf, container_id=cid, netns=pod.path)
+
+
+# --- traffic ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", [4, 6])
+@pytest.mark.parametrize("proto", ["tcp", "udp"])
+def test_hostport_answers_from_everywhere_then_not_after_del(plugins, node, servers, host,
+                                                             proto, family) -> None:
+    pod_a, pod_b = pods(node)
+    servers.start(pod_a, proto, POD_PORT, "A")
+    out = add(plugins, node, pod_a, [mapping(proto)])
+    assert out == node.prev_result(pod_a)  # passed through unchanged
+
+    pod_a_ip = node.pod_ip(pod_a, family)
+    via_bridge = ask(host, proto, BR[family], HOST_PORT)
+    assert via_bridge.startswith("A "), via_bridge
+    assert answered_by(pod_b, proto, BR[family], HOST_PORT) == "A"
+    from_outside = ask(node.outside, proto, HOST_OUT[family], HOST_PORT)
+    assert from_outside == f"A {OUTSIDE[family]}"  # the client's address is kept
+    hairpin = ask(pod_a, proto, BR[family], HOST_PORT)
+    assert hairpin.startswith("A ") and hairpin != f"A {pod_a_ip}"  # masqueraded
+    if family == 4:
+        assert ask(host, proto, LOCALHOST[4], HOST_PORT) == f"A {BR[4]}"
+        assert host.run("sysctl", "-n", "net.ipv4.conf.br0.route_localnet").stdout.strip() == "1"
+
+    delete(plugins, node, pod_a, [mapping(proto)])
+    assert rules_with(host, "ctr-a") == []
+    gone = "REFUSED" if proto == "tcp" else ("REFUSED", "TIMEOUT")
+    assert answered_by(node.outside, proto, HOST_OUT[family], HOST_PORT) in gone
+    assert answered_by(host, proto, BR[family], HOST_PORT) in gone
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_host_ip_answers_only_on_that_address(plugins, node, servers, host, family) -> None:
+    pod_a, _ = pods(node)
+    servers.start(pod_a, "tcp", POD_PORT, "A")
+    add(plugins, node, pod_a, [mapping("tcp", host_ip=HOST_OUT[family])])
+    assert answered_by(node.outside, "tcp", HOST_OUT[family], HOST_PORT) == "A"
+    assert answered_by(node.outside, "tcp", BR[family], HOST_PORT) == "REFUSED"
+    assert answered_by(host, "tcp", BR[family], HOST_PORT) == "REFUSED"
+    # The other family gets no rule at all from a hostIP of this one.
+    other = {4: "ip6", 6: "ip"}[family]
+    assert {r["family"] for r in rules_with(host, "ctr-a") if r["chain"] == "hostports"} == {
+        {4: "ip", 6: "ip6"}[family]} != {other}
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_transit_traffic_is_not_dnated(plugins, node, servers, family) -> None:
+    """CVE-2025-67499: a packet routed through the node to another host keeps its target."""
+    pod_a, _ = pods(node)
+    servers.start(pod_a, "udp", POD_PORT, "A")
+    servers.start(node.far, "udp", HOST_PORT, "FAR")
+    add(plugins, node, pod_a, [mapping("udp")])
+    assert answered_by(node.outside, "udp", FAR[family], HOST_PORT) == "FAR"
+    assert answered_by(node.outside, "udp", HOST_OUT[family], HOST_PORT) == "A"
+
+
+def test_udp_hostport_moved_to_another_pod_answers_at_once(plugins, node, servers,
+                                                           host) -> None:
+    """#123/#1190: a client that keeps sending (one socket, one flow) reaches B at once."""
+    pod_a, pod_b = pods(node)
+    servers.start(pod_a, "udp", POD_PORT, "A")
+    servers.start(pod_b, "udp", POD_PORT, "B")
+    add(plugins, node, pod_a, [mapping("udp")], cid="ctr-a")
+    client = servers.stepped_udp_client(node.outside, HOST_OUT[4], HOST_PORT)
+    assert client.send().startswith("A ")
+    assert "src=10.88.0.2 " in udp_conntrack(host, HOST_PORT)  # the flow is bound to A
+    delete(plugins, node, pod_a, cid="ctr-a")
+    assert udp_conntrack(host, HOST_PORT) == ""  # DEL dropped it (A still runs)
+    add(plugins, node, pod_b, [mapping("udp")], cid="ctr-b")
+    assert client.send().startswith("B ")
+
+
+def udp_conntrack(ns, port: int) -> str:
+    return ns.run("conntrack", "-L", "-p", "udp", "--orig-port-dst", str(port)).stdout
+
+
+def insert_udp_conntrack(ns, dst: str, port: int) -> None:
+    """A conntrack entry as a client of `dst:port` leaves it (confirmed, replied)."""
+    ns.run("conntrack", "-I", "-p", "udp", "-s", OUTSIDE[4], "-d", dst, "--sport", "40000",
+           "--dport", str(port), "-r", dst, "-q", OUTSIDE[4], "--reply-port-src", str(port),
+           "--reply-port-dst", "40000", "-t", "60", "-u", "SEEN_REPLY")
+
+
+def test_add_and_del_flush_udp_conntrack_of_their_host_ports_only(plugins, node,
+                                                                  host) -> None:
+    pod_a, _ = pods(node)
+    for port in (HOST_PORT, 9999):
+        insert_udp_conntrack(host, HOST_OUT[4], port)
+    add(plugins, node, pod_a, [mapping("udp"), mapping("tcp", host_port=9999)])
+    assert udp_conntrack(host, HOST_PORT) == ""  # a stale flow would have skipped the DNAT
+    assert "dport=9999" in udp_conntrack(host, 9999)  # TCP mapping: UDP entry untouched
+    insert_udp_conntrack(host, HOST_OUT[4], HOST_PORT)
+    delete(plugins, node, pod_a, mappings=None)  # ports found from the rules themselves
+    assert udp_conntrack(host, HOST_PORT) == ""
+
+
+def test_masq_all_hides_the_client_address(plugins, node, servers) -> None:
+    pod_a, _ = pods(node)
+    servers.start(pod_a, "tcp", POD_PORT, "A")
+    add(plugins, node, pod_a, [mapping("tcp")], masqAll=True)
+    assert ask(node.outside, "tcp", HOST_OUT[4], HOST_PORT) == f"A {BR[4]}"
+
+
+def test_snat_false_adds_no_masquerade(plugins, node, servers, host) -> None:
+    pod_a, _ = pods(node)
+    servers.start(pod_a, "tcp", POD_PORT, "A")
+    add(plugins, node, pod_a, [mapping("tcp")], snat=False)
+    assert [r["chain"] for r in rules_with(host, "ctr-a")] == ["hostports", "hostports"]
+    assert ask(node.outside, "tcp", HOST_OUT[4], HOST_PORT) == f"A {OUTSIDE[4]}"
+
+
+def test_conditions_restrict_who_is_forwarded(plugins, node, servers) -> None:
+    pod_a, pod_b = pods(node)
+    servers.start(pod_a, "tcp", POD_PORT, "A")
+    add(plugins, node, pod_a, [mapping("tcp")],
+        conditionsV4=["ip", "saddr", "!=", "{ 192.168.77.0/24, 192.0.2.1 }"])
+    assert answered_by(node.outside, "tcp", HOST_OUT[4], HOST_PORT) == "REFUSED"
+    assert answered_by(pod_b, "tcp", BR[4], HOST_PORT) == "A"
+    assert answered_by(node.outside, "tcp", HOST_OUT[6], HOST_PORT) == "A"  # v4 only
+
+
+# --- rules: ownership, DEL, re-ADD, CHECK, GC -------------------------------------------------
+
+def test_readd_replaces_and_del_needs_no_mappings(plugins, node, host) -> None:
+    pod_a, _ = pods(node)
+    add(plugins, node, pod_a, [mapping("tcp"), mapping("udp", host_port=5353, pod_port=53)])
+    first = len(rules_with(host, "ctr-a"))
+    assert first == 2 * 2 + 2 + 1  # a DNAT per mapping and family; v4 2 masq, v6 1
+    add(plugins, node, pod_a, [mapping("tcp"), mapping("udp", host_port=5353, pod_port=53)])
+    assert len(rules_with(host, "ctr-a")) == first
+    delete(plugins, node, pod_a, mappings=None)
+    assert rules_with(host, "ctr-a") == []
+    delete(plugins, node, pod_a, mappings=None)  # idempotent
+    tables = {o["table"]["family"] for o in host.nft_ruleset()["nftables"] if "table" in o}
+    assert tables == {"ip", "ip6"}  # tables and chains stay
+
+
+def test_del_without_any_table_is_success(plugins, node, host) -> None:
+    pod_a, _ = pods(node)
+    delete(plugins, node, pod_a, [mapping("tcp")])
+    assert host.nft_ruleset()["nftables"][1:] == []  # only the metainfo object
+
+
+def test_del_of_one_container_keeps_the_others(plugins, node, host) -> None:
+    pod_a, pod_b = pods(node)
+    add(plugins, node, pod_a, [mapping("tcp")], cid="ctr-a")
+    add(plugins, node, pod_b, [mapping("tcp", host_port=8081)], cid="ctr-b")
+    before_b = rules_with(host, "ctr-b")
+    delete(plugins, node, pod_a, cid="ctr-a")
+    assert rules_with(host, "ctr-a") == [] and rules_with(host, "ctr-b") == before_b
+
+
+def test_check_passes_then_fails_when_a_rule_is_gone(plugins, node, host) -> None:
+    pod_a, _ = pods(node)
+    conf = portmap_conf(node.prev_result(pod_a), [mapping("tcp")])
+    plugins.ok("portmap", "ADD", conf, container_id="ctr-a", netns=pod_a.path)
+    plugins.ok("portmap", "CHECK", conf, container_id="ctr-a", netns=pod_a.path)
+    dnat = next(r for r in rules_with(host, "ctr-a") if r["family"] == "ip6"
+                and r["chain"] == "hostports")
+    host.run("nft", "delete", "rule", "ip6", "cni_hostport", "hostports",
+             "handle", str(dnat["handle"]))
+    code, out, _ = plugins.exec("portmap", "CHECK", conf, container_id="ctr-a",
+                                netns=pod_a.path)
+    assert code == 1 and "missing hostport rule" in out["msg"], out
+
+
+def test_gc_removes_rules_of_attachments_not_valid(plugins, node, host) -> None:
+    pod_a, pod_b = pods(node)
+    add(plugins, node, pod_a, [mapping("tcp")], cid="ctr-a")
+    add(plugins, node, pod_b, [mapping("udp")], cid="ctr-b")
+    other_net = portmap_conf(node.prev_result(pod_b), [mapping("tcp", host_port=9090)])
+    other_net["name"] = "othernet"
+    plugins.ok("portmap", "ADD", other_net, container_id="ctr-b", netns=pod_b.path)
+    gc = {"cniVersion": "1.1.0", "name": "pmnet", "type": "portmap",
+          "cni.dev/valid-attachments": [{"containerID": "ctr-b", "ifname": "eth0"}]}
+    plugins.ok("portmap", "GC", gc)
+    assert rules_with(host, "ctr-a") == []
+    assert rules_with(host, "ctr-b pmnet")
+    gc["cni.dev/valid-attachments"] = []
+    plugins.ok("portmap", "GC", gc)
+    assert rules_with(host, "pmnet") == []
+    assert rules_with(host, "ctr-b othernet")  # another network's rules are not ours to collect
+
+
+def test_status(plugins) -> None:
+    conf = {"cniVersion": "1.1.0", "name": "pmnet", "type": "portmap"}
+    plugins.ok("portmap", "STATUS", conf)
+
+
+# --- chaining contract ------------------------------------------------------------------------
+
+def test_no_mappings_passes_prev_result_through_and_touches_nothing(plugins, node,
+                                                                    host) -> None:
+    pod_a, _ = pods(node)
+    for mappings in (None, []):
+        out = add(plugins, node, pod_a, mappings)
+        assert out == node.prev_result(pod_a)
+    assert host.nft_ruleset()["nftables"][1:] == []  # only the metainfo object
+
+
+def test_add_without_prev_result_is_an_error(plugins, node, host) -> None:
+    pod_a, _ = pods(node)
+    code, out, _ = plugins.exec("portmap", "ADD", portmap_conf(None, [mapping()]),
+                                container_id="ctr-a", netns=pod_a.path)
+    assert code == 1 and out["code"] == 7 and "prevResult" in out["msg"]
+    assert host.nft_ruleset()["nftables"][1:] == []
+
+
+BAD = [
+    ({"backend": "iptables"}, None, 2, "backend"),
+    ({"backend": "ebpf"}, None, 7, "backend"),
+    ({"externalSetMarkChain": "KUBE-MARK-MASQ"}, None, 2, "externalSetMarkChain"),
+    ({"markMasqBit": 32}, None, 7, "markMasqBit"),
+    ({"snat": "yes"}, None, 7, "snat"),
+    ({}, {"hostPort": 0, "containerPort": 80, "protocol": "tcp"}, 7,
+     "portMappings[1].hostPort 0"),
+    ({}, {"hostPort": 8081, "containerPort": 65536, "protocol": "tcp"}, 7,
+     "portMappings[1].containerPort 65536"),
+    ({}, {"hostPort": "8081", "containerPort": 80, "protocol": "tcp"}, 7, "hostPort"),
+    ({}, {"hostPort": 8081, "containerPort": 80, "protocol": "icmp"}, 7,
+     'portMappings[1].protocol "icmp"'),
+    ({}, {"hostPort": 8081, "containerPort": 80,
+          "protocol": "tcp dport 1 accept; flush ruleset"}, 7, "protocol"),
+    ({}, {"hostPort": 8081, "containerPort": 80, "protocol": "tcp", "hostIP": "10.0.0.300"},
+     7, "hostIP"),
+    ({}, {"hostPort": 8081, "containerPort": 80, "protocol": "tcp",
+          "hostIP": "1.2.3.4 tcp dport 22 accept"}, 7, "hostIP"),
+    ({"conditionsV4": ["ip daddr 1.2.3.4; flush ruleset"]}, None, 7, "conditionsV4"),
+    ({"conditionsV4": ["ip", "daddr", "1.2.3.4", "accept"]}, None, 7, "conditionsV4"),
+    ({"conditionsV6": ["jump", "hostports"]}, None, 7, "conditionsV6"),
+    ({"conditionsV4": ["ip daddr 1.2.3.4\nadd rule ip cni_hostport hostports drop"]}, None,
+     7, "conditionsV4"),
+    ({"conditionsV4": ["meta mark set 1"]}, None, 7, "conditionsV4"),
+    ({"conditionsV4": ["ip daddr 10.0.0.1 counter"]}, None, 7, "conditionsV4"),
+    ({"conditionsV4": ["tcp dport", "{ 1, 2 } dnat to 1.2.3.4"]}, None, 7, "conditionsV4"),
+    ({"conditionsV4": "ip daddr 1.2.3.4"}, None, 7, "conditionsV4"),
+]
+
+
+@pytest.mark.parametrize("keys,extra,code,named", BAD)
+def test_bad_input_is_refused_and_changes_nothing(plugins, node, host, keys, extra, code,
+                                                  named) -> None:
+    pod_a, _ = pods(node)
+    add(plugins, node, pod_a, [mapping()], cid="ctr-ok")  # tables exist, with a rule
+    before = host.run("nft", "list", "ruleset").stdout
+    mappings = [mapping("udp")] + ([extra] if extra else [])
+    conf = portmap_conf(node.prev_result(pod_a), mappings, **keys)
+    rc, out, _ = plugins.exec("portmap", "ADD", conf, container_id="ctr-bad", netns=pod_a.path)
+    assert rc == 1 and out["code"] == code and named in out["msg"], out
+    assert host.run("nft", "list", "ruleset").stdout == before
+
+
+def test_host_ip_family_without_a_container_ip_is_refused(plugins, node, host) -> None:
+    pod_a, _ = pods(node)
+    prev = node.prev_result(pod_a)
+    prev["ips"] = prev["ips"][:1]  # v4 only
+    conf = portmap_conf(prev, [mapping(host_ip="fd77::1")])
+    rc, out, _ = plugins.exec("portmap", "ADD", conf, container_id="ctr-a", netns=pod_a.path)
+    assert rc == 1 and out["code"] == 7 and "portMappings[0].hostIP" in out["msg"], out
+
+
+def test_failing_batch_changes_nothing(plugins, node, host) -> None:
+    """A prerouting chain of another type makes nft refuse the batch half-way through."""
+    pod_a, _ = pods(node)
+    host.run("nft", "add table ip cni_hostport; add chain ip cni_hostport prerouting "
+             "{ type filter hook prerouting priority 0 ; }")
+    before = host.run("nft", "list", "ruleset").stdout
+    rc, out, _ = plugins.exec("portmap", "ADD",
+                              portmap_conf(node.prev_result(pod_a), [mapping()]),
+                              container_id="ctr-a", netns=pod_a.path)
+    assert rc == 1 and "nftables" in out["msg"], out
+    assert host.run("nft", "list", "ruleset").stdout == before
