@@ -455,3 +455,37 @@ def test_check_needs_prev_result(plugins, pod, tmp_path) -> None:
     add(plugins, c, pod)
     code, out, _ = run(plugins, "CHECK", c, pod)
     assert code == 1 and out["msg"] == "Required prevResult missing"
+
+
+_FAIL_LATE = """
+import json, sys
+from cni import skel
+from cni.host import bridge
+from cni.spec.errors import CNIError
+
+def stuck(port, delays=()):
+    raise CNIError(999, "bridge port in error state: injected")
+
+bridge.wait_forwarding = stuck  # the last ADD step: everything else was done by then
+env = json.loads(sys.argv[1])
+reply = skel.run("bridge", env, sys.stdin.buffer.read())
+sys.stdout.write(reply.stdout.decode())
+"""
+
+
+def test_add_failing_at_the_last_step_undoes_rules_veth_and_reservation(
+        plugins, host, pod, tmp_path) -> None:
+    from cnitest import ROOT, VENV_PY
+
+    c = conf(tmp_path, ipMasq=True, macspoofchk=True)
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "late", "CNI_NETNS": pod.path,
+           "CNI_IFNAME": "eth0", "CNI_PATH": ipam_path()}
+    proc = host.run(str(VENV_PY), "-c", _FAIL_LATE, json.dumps(env), input=json.dumps(c),
+                    cwd=ROOT, check=False)
+    out = json.loads(proc.stdout)
+    assert out["msg"] == "bridge port in error state: injected"
+    tables = {o["table"]["name"] for o in host.nft_ruleset()["nftables"] if "table" in o}
+    assert "cni_plugins_masquerade" in tables  # the rules had been made, then removed
+    assert reservations(tmp_path) == [] and host_veths(host) == []
+    assert "eth0" not in pod.links()
+    assert masq_rules(host) == [] and spoof_chains(host) == []
