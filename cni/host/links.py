@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from cni.host import netns
@@ -121,18 +120,3 @@ def delete(ipr, name: str) -> bool:
     ipr.link("del", index=link.index)
     return True
 
-
-def wait_oper_up(ipr, name: str, delays: tuple[float, ...] = (0, 0.05, 0.5, 1, 1)) -> Link:
-    """Wait until the link is operationally up (a bridge port forwarding, reference #463).
-
-    The reference's schedule: give up after ~2.5 s with the state it is stuck in.
-    """
-    link = None
-    for delay in delays:
-        time.sleep(delay)
-        link = get(ipr, name)
-        if link is None:
-            raise LookupError(f"link {name} disappeared")
-        if link.operstate == "UP":
-            return link
-    raise TimeoutError(f"bridge port in error state: {link.operstate if link else 'missing'}")
