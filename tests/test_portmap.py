@@ -334,3 +334,20 @@ def test_failing_batch_changes_nothing(plugins, node, host) -> None:
                               container_id="ctr-a", netns=pod_a.path)
     assert rc == 1 and "nftables" in out["msg"], out
     assert host.run("nft", "list", "ruleset").stdout == before
+
+
+def test_chain_with_the_real_bridge_plugin(plugins, host, pod, servers) -> None:
+    bridge_conf = {"cniVersion": "1.1.0", "name": "pmchain", "type": "bridge",
+                   "bridge": "cni-pm0", "isGateway": True, "hairpinMode": True,
+                   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.77.0.0/24"}]]}}
+    prev = plugins.ok("bridge", "ADD", bridge_conf, container_id="ctr-chain", netns=pod.path)
+    conf = portmap_conf(prev, [mapping("tcp")])
+    conf["name"] = "pmchain"
+    assert plugins.ok("portmap", "ADD", conf, container_id="ctr-chain", netns=pod.path) == prev
+    servers.start(pod, "tcp", POD_PORT, "P")
+    assert answered_by(host, "tcp", "10.77.0.1", HOST_PORT) == "P"
+    assert answered_by(host, "tcp", LOCALHOST[4], HOST_PORT) == "P"
+    assert answered_by(pod, "tcp", "10.77.0.1", HOST_PORT) == "P"  # hairpin
+    plugins.ok("portmap", "DEL", conf, container_id="ctr-chain", netns=pod.path)
+    plugins.ok("bridge", "DEL", bridge_conf, container_id="ctr-chain", netns=pod.path)
+    assert rules_with(host, "ctr-chain") == []
