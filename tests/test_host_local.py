@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -466,10 +467,25 @@ def test_status(tmp_path):
 
 
 def test_status_read_only_store(tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("root writes through file modes; a read-only mount needs a mount namespace")
-    (tmp_path / "ro").mkdir(mode=0o555)
-    fails("STATUS", conf(tmp_path / "ro", "1.1.0"), 50, "store unusable")
+    """Root writes through file modes: the store is a read-only mount, made in a mount namespace
+    of the plugin process alone (unshare), so the machine's mounts are never touched."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    config = conf(ro, "1.1.0")
+    if os.geteuid() != 0:
+        ro.chmod(0o555)
+        fails("STATUS", config, 50, "store unusable", str(ro))
+        return
+    if not shutil.which("unshare"):
+        pytest.skip("unshare missing")
+    script = f'mount -t tmpfs -o ro pycni-ro "{ro}" && exec "{OURS}"'
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                          input=json.dumps(config).encode(), env=env("STATUS"),
+                          capture_output=True, check=False)
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 1 and out["code"] == 50, out
+    assert str(ro) in out["msg"] and "Read-only file system" in out["msg"]
+    ok("STATUS", config)  # the same directory, writable outside that namespace
 
 
 # --- symlinks planted in the store -----------------------------------------------------------
