@@ -67,6 +67,7 @@ class Pending:
     deadline: float
     buf: bytearray = field(default_factory=bytearray)
     fds: list[int] = field(default_factory=list)
+    refused: str = ""  # answered with this error once its request is in (so it reads it)
 
 
 @dataclass
@@ -274,14 +275,14 @@ class Server:
                 return
             pid, uid, _gid = _CRED.unpack(
                 conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
-            if uid != 0:
-                log.warning("refused a connection from pid %d uid %d (root only)", pid, uid)
-                self._refuse(conn, f"the pycni daemon serves root only (peer uid {uid})")
-                continue
             conn.setblocking(False)
             if len(self.pending) >= self.opts.max_pending:
                 self._drop(next(iter(self.pending)))  # the oldest: most likely idle
-            self.pending[conn.fileno()] = Pending(conn, time.monotonic() + self.opts.read_timeout)
+            p = Pending(conn, time.monotonic() + self.opts.read_timeout)
+            if uid != 0:
+                log.warning("refused a connection from pid %d uid %d (root only)", pid, uid)
+                p.refused = f"the pycni daemon serves root only (peer uid {uid})"
+            self.pending[conn.fileno()] = p
             self.sel.register(conn, selectors.EVENT_READ, self._read)
 
     def _read(self, conn: socket.socket) -> None:
@@ -299,13 +300,12 @@ class Server:
             self._drop(fd)  # gone before sending it all, or too many fds: nothing to run
             return
         p.buf += data
-        if len(p.buf) < proto.REQ_PREFIX:
-            return
-        try:
-            size = proto.request_size(bytes(p.buf[:proto.REQ_PREFIX]))
-        except ValueError:
+        if not proto.MAGIC.startswith(bytes(p.buf[:len(proto.MAGIC)])):
             self._refuse(self._unregister(fd), "not a pycni request", fds=p.fds)
             return
+        if len(p.buf) < proto.REQ_PREFIX:
+            return
+        size = proto.request_size(bytes(p.buf[:proto.REQ_PREFIX]))
         if size > self.opts.max_request:
             self._refuse(self._unregister(fd), f"request of {size} bytes is larger than the "
                          f"daemon's limit of {self.opts.max_request}", fds=p.fds)
@@ -314,6 +314,9 @@ class Server:
             return
         data = bytes(p.buf[:size])
         self._unregister(fd)
+        if p.refused:
+            self._refuse(conn, p.refused, fds=p.fds)
+            return
         if len(p.fds) != bin(proto.decode_request(data)[3]).count("1"):
             self._refuse(conn, "the request's fds do not match its header", fds=p.fds)
             return
@@ -331,8 +334,9 @@ class Server:
     def _refuse(self, conn: socket.socket, why: str, fds: list[int] | None = None) -> None:
         """An answer without ACK: the request was not run."""
         _close_all(fds or [])
-        _send_quietly(conn, proto.encode_reply(proto.IO_FAILURE, proto.error_reply(
+        _send_quietly(conn, proto.encode_reply(1, proto.error_reply(
             proto.IO_FAILURE, f"pycni daemon: {why}", b""), b""))
+        _drain(conn)  # closing on unread bytes would reset the peer before it reads the answer
         conn.close()
 
     # Children ---------------------------------------------------------------------------------
@@ -527,6 +531,17 @@ def _send_quietly(conn: socket.socket, data: bytes) -> None:
         pass
 
 
+def _drain(conn: socket.socket) -> None:
+    try:
+        conn.shutdown(socket.SHUT_WR)
+        conn.setblocking(False)
+        for _ in range(64):
+            if not conn.recv(1 << 16):
+                return
+    except OSError:
+        pass
+
+
 def _inode(path: str) -> int | None:
     try:
         return os.lstat(path).st_ino
@@ -545,8 +560,9 @@ def _name(sock: socket.socket) -> str:
 
 def run_daemon(opts: Options, runner: Runner | None = None) -> int:
     """Listen (inherited or bound), import the heavy modules once, serve until SIGTERM."""
-    logging.basicConfig(level=logging.DEBUG if opts.verbose else logging.INFO, stream=sys.stderr,
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(name)s[%(process)d]: %(levelname)s %(message)s")
+    log.setLevel(logging.DEBUG if opts.verbose else logging.INFO)  # ours only, not pyroute2's
     raise_fd_limit()
     listener = inherited_listener()
     owned = None

@@ -1,0 +1,480 @@
+"""The daemon path: same bytes as in-process, root-only socket, crashes and hangs contained,
+fallback when the daemon is gone. Daemons run in the test's host netns on a tmp socket."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from cnitest import BIN, ROOT, VENV_PY, Netns, Plugins
+from test_shim import EXPENSIVE, assert_stdlib_only
+
+from cni.fast import protocol as proto
+from cni.plugins import MODULES
+
+pytestmark = pytest.mark.root
+NO_DAEMON = {"PYCNI_SOCKET": "/nonexistent/pycni.sock"}
+LOOPBACK = {"cniVersion": "1.0.0", "name": "lonet", "type": "loopback"}
+
+
+@dataclass
+class Daemon:
+    proc: subprocess.Popen
+    socket: Path
+    log: Path
+    kids: set[int] = field(default_factory=set)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"PYCNI_SOCKET": str(self.socket)}
+
+    def served(self) -> int:
+        """Requests a child ran (the daemon logs each with -v, once the child has exited)."""
+        return self.log.read_text().count(" served ")
+
+    def wait_served(self, count: int) -> None:
+        wait_for(lambda: self.served() >= count, f"{count} requests served")
+        assert self.served() == count, self.log.read_text()
+
+    def children(self) -> list[int]:
+        try:
+            text = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        except OSError:
+            return []
+        kids = [int(p) for p in text.split()]
+        self.kids.update(kids)
+        return kids
+
+    def kill(self) -> None:
+        """SIGKILL the daemon and every child it has (they would outlive it otherwise)."""
+        kids = self.children()
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        for pid in kids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+def wait_for(predicate: Callable[[], bool], what: str, limit: float = 60.0) -> None:
+    deadline = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def start_daemon() -> Iterator[Callable[..., Daemon]]:
+    """Starts daemons in a host namespace; every one (and its children) is killed at teardown."""
+    started: list[Daemon] = []
+    base = Path(tempfile.mkdtemp(prefix="pycni-daemon-"))  # 0700; outside pytest's tmp tree
+
+    def start(host: Netns, *args: str) -> Daemon:
+        home = base / f"d{len(started)}"
+        home.mkdir(mode=0o700)
+        sock, log = home / "run" / "pycni.sock", home / "daemon.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                ["ip", "netns", "exec", host.name, str(VENV_PY), "-m", "cni.fast.daemon",
+                 "--socket", str(sock), "-v", *args],
+                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        d = Daemon(proc, sock, log)
+        started.append(d)
+        wait_for(lambda: "listening" in log.read_text() or proc.poll() is not None,
+                 "the daemon to listen")
+        assert proc.poll() is None, log.read_text()
+        return d
+
+    yield start
+    for d in started:
+        d.kill()
+        for pid in d.kids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def exists(plugin: str) -> bool:
+    return importlib.util.find_spec(MODULES[plugin]) is not None
+
+
+def require(*plugins: str) -> None:
+    missing = [p for p in plugins if not exists(p)]
+    if missing:
+        pytest.skip(f"not implemented yet: {', '.join(missing)}")
+
+
+# --- same bytes both ways ---------------------------------------------------------------------
+
+MBIT = 1_000_000
+
+
+def scenario(name: str, tmp: Path) -> list[dict]:
+    """The plugin configs of a chain (cniVersion 1.1.0: GC and STATUS too)."""
+    ipam = {"type": "host-local", "ranges": [[{"subnet": "10.77.0.0/24"}]],
+            "dataDir": str(tmp / "ipam")}
+    base = {"cniVersion": "1.1.0", "name": "idnet"}
+    loopback = base | {"type": "loopback"}
+    bridge = base | {"type": "bridge", "bridge": "idbr0", "isGateway": True, "ipMasq": True,
+                     "ipam": ipam}
+    portmap = base | {"type": "portmap", "capabilities": {"portMappings": True},
+                      "runtimeConfig": {"portMappings": [
+                          {"hostPort": 18080, "containerPort": 80, "protocol": "tcp"},
+                          {"hostPort": 18081, "containerPort": 81, "protocol": "udp"}]}}
+    bandwidth = base | {"type": "bandwidth", "capabilities": {"bandwidth": True},
+                        "runtimeConfig": {"bandwidth": {
+                            "ingressRate": 10 * MBIT, "ingressBurst": 80_000,
+                            "egressRate": 20 * MBIT, "egressBurst": 160_000}}}
+    return {"loopback": [loopback], "host-local": [base | {"type": "host-local", "ipam": ipam}],
+            "bridge": [bridge], "portmap": [bridge, portmap], "bandwidth": [bridge, bandwidth],
+            "chain": [loopback, bridge, portmap, bandwidth]}[name]
+
+
+def run_chain(plugins: Plugins, pod: Netns, confs: list[dict], env: dict) -> list[tuple]:
+    """ADD, CHECK in order, DEL in reverse (twice), GC, STATUS and two errors, as a runtime
+    would; returns (step, code, stdout, stderr) for each."""
+    steps: list[tuple] = []
+
+    def call(plugin: str, command: str, conf: dict, netns: str = pod.path) -> tuple[int, bytes]:
+        code, out, err = plugins.exec(plugin, command, conf, netns=netns, env=env)
+        steps.append((f"{plugin} {command}", code, json.dumps(out), err))
+        return code, out
+
+    prev = None
+    for conf in confs:
+        code, out = call(conf["type"], "ADD", conf | ({"prevResult": prev} if prev else {}))
+        assert code == 0, steps[-1]
+        prev = out
+    for conf in confs:
+        call(conf["type"], "CHECK", conf | {"prevResult": prev})
+    for _ in range(2):
+        for conf in reversed(confs):
+            call(conf["type"], "DEL", conf | {"prevResult": prev})
+    for conf in confs:
+        call(conf["type"], "GC", conf | {"cni.dev/valid-attachments": []})
+        call(conf["type"], "STATUS", conf)
+        call(conf["type"], "ADD", conf | {"cniVersion": "0.0.9"})
+        call(conf["type"], "DEL", conf, netns=pod.path + "-gone")
+    return steps
+
+
+def normalize(steps: list[tuple], pod: Netns, tmp: Path) -> list[tuple]:
+    """Mask what differs between two runs by nature: MACs, random veth names, pod, tmp dir."""
+    def clean(text: str) -> str:
+        text = text.replace(pod.path, "<pod>").replace(str(tmp), "<tmp>")
+        text = re.sub(r"([0-9a-f]{2}:){5}[0-9a-f]{2}", "<mac>", text)
+        return re.sub(r"veth[0-9a-f]{8}", "<veth>", text)
+    return [(step, code, clean(out), clean(err)) for step, code, out, err in steps]
+
+
+@pytest.mark.parametrize("name", ["loopback", "host-local", "bridge", "portmap", "bandwidth",
+                                  "chain"])
+def test_daemon_and_in_process_give_the_same_bytes(name, netns_factory, start_daemon,
+                                                   tmp_path) -> None:
+    confs = scenario(name, tmp_path)
+    require(*{c["type"] for c in confs})
+    host_a, host_b = netns_factory("pycni-host"), netns_factory("pycni-host")
+    pod_a, pod_b = netns_factory("pycni-pod"), netns_factory("pycni-pod")
+    daemon = start_daemon(host_a)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    through = run_chain(Plugins(host_a), pod_a, scenario(name, tmp_path / "a"), daemon.env)
+    daemon.wait_served(len(through))
+    local = run_chain(Plugins(host_b), pod_b, scenario(name, tmp_path / "b"), NO_DAEMON)
+    assert daemon.served() == len(through)  # the in-process run never reached it
+    assert normalize(through, pod_a, tmp_path / "a") == normalize(local, pod_b, tmp_path / "b")
+
+
+def test_the_daemon_acts_in_the_callers_namespace(netns_factory, start_daemon, tmp_path) -> None:
+    """The daemon lives in one netns; a shim in another gets its bridge in its own."""
+    require("bridge", "host-local")
+    home, caller, pod = (netns_factory("pycni-host"), netns_factory("pycni-host"),
+                         netns_factory("pycni-pod"))
+    daemon = start_daemon(home)
+    conf = scenario("bridge", tmp_path)[0]
+    Plugins(caller).ok("bridge", "ADD", conf, netns=pod.path, env=daemon.env)
+    daemon.wait_served(1)
+    assert "idbr0" in caller.links() and "idbr0" not in home.links()
+    assert (tmp_path / "ipam" / "idnet").is_dir()  # the caller's mount namespace
+    Plugins(caller).ok("bridge", "DEL", conf, netns=pod.path, env=daemon.env)
+
+
+def test_shim_on_the_daemon_path_imports_only_cheap_stdlib(host, pod, start_daemon,
+                                                           tmp_path) -> None:
+    from test_shim import run_probe
+
+    daemon = start_daemon(host)
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": pod.path,
+           "CNI_IFNAME": "lo", "CNI_PATH": str(BIN), **daemon.env}
+    code, out, modules = run_probe(tmp_path, "loopback", env, json.dumps(LOOPBACK).encode(),
+                                   wrap=("ip", "netns", "exec", host.name))
+    assert code == 0 and json.loads(out)["interfaces"][0]["name"] == "lo"
+    daemon.wait_served(1)
+    assert_stdlib_only(modules)
+    assert not modules & EXPENSIVE, sorted(modules & EXPENSIVE)
+
+
+# --- who may talk to it -------------------------------------------------------------------------
+
+def as_nobody(fn: Callable[[], bytes]) -> bytes:
+    """Run fn in a forked child as uid/gid 65534; returns what it returned (or the error)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                result = fn()
+            except OSError as e:
+                result = f"OSError:{e.errno}".encode()
+            os.write(w, result)
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return data
+
+
+def talk(path: Path, data: bytes) -> bytes:
+    """Send raw bytes, return everything the daemon answers until it closes."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(60)
+        s.connect(str(path))
+        with contextlib.suppress(BrokenPipeError):  # it may answer and close before reading all
+            s.sendall(data)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def loopback_request(netns: str = "") -> bytes:
+    env = {b"CNI_COMMAND": b"CHECK", b"CNI_CONTAINERID": b"c1", b"CNI_NETNS": netns.encode(),
+           b"CNI_IFNAME": b"lo", b"CNI_PATH": str(BIN).encode()}
+    return proto.encode_request("loopback", proto.encode_env(env),
+                                json.dumps(LOOPBACK).encode(), 0, 0o022)
+
+
+def refusal(answer: bytes) -> dict:
+    """A REPLY without ACK: the daemon refused; returns its error JSON."""
+    assert answer[:1] == proto.REPLY, answer[:40]
+    code, out_len, _ = proto.reply_sizes(answer[:proto.REPLY_PREFIX])
+    return json.loads(answer[proto.REPLY_PREFIX:proto.REPLY_PREFIX + out_len])
+
+
+def test_socket_is_private_and_refuses_non_root_peers(host, start_daemon) -> None:
+    daemon = start_daemon(host)
+    assert stat.S_IMODE(daemon.socket.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(daemon.socket.stat().st_mode) == 0o600
+    # The file modes already keep nobody out ...
+    assert as_nobody(lambda: talk(daemon.socket, b"")) == b"OSError:13"
+    # ... and with the modes opened up (a misconfiguration) SO_PEERCRED still refuses it.
+    run_dir, home, base = daemon.socket.parents[0:3]
+    assert base.name.startswith("pycni-daemon-")  # never loosen anything but our own dirs
+    for p in (base, home, run_dir):
+        p.chmod(0o755)
+    daemon.socket.chmod(0o666)
+    answer = as_nobody(lambda: talk(daemon.socket, loopback_request()))
+    assert "serves root only" in refusal(answer)["msg"]
+    assert daemon.served() == 0
+    assert "refused a connection from" in daemon.log.read_text()
+
+
+def test_oversize_and_garbage_requests_are_refused(host, start_daemon) -> None:
+    daemon = start_daemon(host)
+    big = proto.MAGIC + proto.REQ_HEADER.pack(8, 0, proto.MAX_REQUEST, 0, 0o022)
+    assert "larger than" in refusal(talk(daemon.socket, big))["msg"]
+    assert "not a pycni request" in refusal(talk(daemon.socket, b"GET / HTTP/1.1\r\n\r\n"))["msg"]
+    assert daemon.served() == 0
+    assert daemon.proc.poll() is None
+
+
+def test_an_idle_flood_does_not_block_a_real_request(host, pod, plugins, start_daemon) -> None:
+    daemon = start_daemon(host)
+    idle = []
+    try:
+        for i in range(300):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(daemon.socket))
+            if i % 3 == 0:
+                s.sendall(proto.MAGIC[:3])  # a request that starts and never finishes
+            idle.append(s)
+        out = plugins.ok("loopback", "ADD", LOOPBACK, netns=pod.path, ifname="lo",
+                         env=daemon.env)
+        assert out["interfaces"][0]["name"] == "lo"
+        daemon.wait_served(1)
+    finally:
+        for s in idle:
+            s.close()
+
+
+# --- crashes, hangs, restarts ---------------------------------------------------------------
+
+def hang_conf(tmp_path: Path) -> tuple[str, Callable[[], None]]:
+    """A CNI_NETNS that blocks whoever opens it (a FIFO), and how to release it."""
+    fifo = tmp_path / "hang.fifo"
+    os.mkfifo(fifo)
+
+    def release() -> None:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # the blocked open() returns
+        os.close(fd)
+    return str(fifo), release
+
+
+def spawn(plugins: Plugins, command: str, netns: str, env: dict) -> subprocess.Popen:
+    full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": command,
+            "CNI_CONTAINERID": "hang1", "CNI_NETNS": netns, "CNI_IFNAME": "lo",
+            "CNI_PATH": str(BIN), **env}
+    proc = subprocess.Popen(["ip", "netns", "exec", plugins.host.name, str(BIN / "loopback")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=full)
+    proc.stdin.write(json.dumps(LOOPBACK).encode())
+    proc.stdin.close()
+    return proc
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, dict]:
+    out = proc.stdout.read()
+    proc.wait(60)
+    return proc.returncode, json.loads(out)
+
+
+def test_a_hung_request_does_not_block_others(host, pod, plugins, start_daemon,
+                                              tmp_path) -> None:
+    daemon = start_daemon(host)
+    fifo, release = hang_conf(tmp_path)
+    hung = spawn(plugins, "ADD", fifo, daemon.env)
+    wait_for(lambda: len(daemon.children()) == 1, "the hung request's child")
+    for command in ("ADD", "CHECK", "DEL"):
+        plugins.ok("loopback", command, LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
+    assert hung.poll() is None  # still waiting on its FIFO
+    release()
+    code, out = finish(hung)
+    assert code == 1 and "not a network namespace" in out["msg"]  # what in-process says too
+
+
+def test_a_request_over_its_timeout_is_killed_with_an_error(host, plugins, start_daemon,
+                                                            tmp_path) -> None:
+    daemon = start_daemon(host, "--timeout", "1")
+    fifo, _ = hang_conf(tmp_path)
+    code, out = finish(spawn(plugins, "ADD", fifo, daemon.env))
+    assert code == 1
+    assert out["code"] == proto.TRY_AGAIN_LATER and "timed out" in out["msg"]
+    assert daemon.proc.poll() is None and daemon.children() == []
+
+
+def test_killing_the_daemon_mid_run_then_calls_fall_back(host, pod, plugins, start_daemon,
+                                                         tmp_path) -> None:
+    daemon = start_daemon(host)
+    plugins.ok("loopback", "ADD", LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
+    daemon.wait_served(1)
+    fifo, _ = hang_conf(tmp_path)
+    running = spawn(plugins, "ADD", fifo, daemon.env)
+    wait_for(lambda: len(daemon.children()) == 1, "the running request's child")
+    daemon.kill()  # the daemon and its child die mid-request
+    code, out = finish(running)
+    assert code == 1 and out["code"] == proto.TRY_AGAIN_LATER  # may have run: retry, not rerun
+    assert daemon.socket.exists()  # a stale socket: connect is refused
+    for command in ("CHECK", "DEL", "ADD", "CHECK"):
+        plugins.ok("loopback", command, LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
+    assert daemon.served() == 1  # the killed one never logged
+
+
+def test_sigterm_finishes_running_requests_and_new_ones_run_in_process(
+        host, pod, plugins, start_daemon, tmp_path) -> None:
+    daemon = start_daemon(host)
+    fifo, release = hang_conf(tmp_path)
+    running = spawn(plugins, "CHECK", fifo, daemon.env)
+    wait_for(lambda: len(daemon.children()) == 1, "the running request's child")
+    daemon.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: not daemon.socket.exists(), "the daemon to stop listening")
+    plugins.ok("loopback", "ADD", LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
+    assert daemon.proc.poll() is None  # still finishing the running one
+    release()
+    code, out = finish(running)
+    assert code == 1 and "not a network namespace" in out["msg"]  # its real answer
+    daemon.proc.wait(30)
+    assert daemon.served() == 1
+
+
+def test_a_crashing_child_gets_an_error_reply(host, pod, plugins, start_daemon,
+                                              tmp_path) -> None:
+    daemon = start_daemon(host, "--timeout", "60")
+    fifo, _ = hang_conf(tmp_path)
+    running = spawn(plugins, "ADD", fifo, daemon.env)
+    wait_for(lambda: len(daemon.children()) == 1, "the running request's child")
+    os.kill(daemon.children()[0], signal.SIGSEGV)
+    code, out = finish(running)
+    assert code == 1 and out["code"] == 999 and "crashed (signal 11)" in out["msg"]
+    plugins.ok("loopback", "ADD", LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
+    daemon.wait_served(2)
+
+
+def test_socket_activation(host, pod, plugins, tmp_path) -> None:
+    """systemd's way: a listening socket on fd 3 with LISTEN_FDS/LISTEN_PID."""
+    path = tmp_path / "act" / "pycni.sock"
+    path.parent.mkdir(mode=0o700)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(16)
+    log = tmp_path / "act.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(  # fd 3 and LISTEN_PID=$$ (sh's pid, kept by exec)
+            ["ip", "netns", "exec", host.name, "sh", "-c",
+             'LISTEN_PID=$$ LISTEN_FDS=1 exec "$@"', "sh",
+             str(VENV_PY), "-m", "cni.fast.daemon", "-v", "--socket", "/nonexistent/x.sock"],
+            preexec_fn=lambda: os.dup2(listener.fileno(), 3), pass_fds=[3],
+            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    listener.close()
+    try:
+        out = plugins.ok("loopback", "ADD", LOOPBACK, netns=pod.path, ifname="lo",
+                         env={"PYCNI_SOCKET": str(path)})
+        assert out["interfaces"][0]["name"] == "lo"
+        wait_for(lambda: " served " in log.read_text(), "the request to be logged")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        assert path.exists()  # the socket is systemd's: left in place for the next start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_concurrent_requests_all_answer(host, netns_factory, start_daemon) -> None:
+    daemon = start_daemon(host)
+    pods = [netns_factory("pycni-pod") for _ in range(12)]
+    plugins = Plugins(host)
+    results: list[int] = []
+
+    def one(pod: Netns) -> None:
+        code, _, _ = plugins.exec("loopback", "ADD", LOOPBACK, netns=pod.path, ifname="lo",
+                                  env=daemon.env)
+        results.append(code)
+    threads = [threading.Thread(target=one, args=(p,)) for p in pods]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [0] * len(pods)
+    daemon.wait_served(len(pods))
