@@ -32,13 +32,14 @@ BRIDGE = {
                   "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]}},
     ],
 }
-SHIPPED = Path(__file__).resolve().parent.parent / "conf" / "10-pycni.conflist"
+CONF = Path(__file__).resolve().parent.parent / "conf"
 
 
 def conflists() -> list:
+    """Our own minimal chain, and each conflist shipped in conf/ (the full Kubernetes chain)."""
     cases = [pytest.param(BRIDGE, id="bridge-dual-stack")]
-    if SHIPPED.exists():
-        cases.append(pytest.param(json.loads(SHIPPED.read_text()), id="shipped-conflist"))
+    cases += [pytest.param(json.loads(p.read_text()), id=p.stem)
+              for p in sorted(CONF.glob("*.conflist"))]
     return cases
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 from clients import Node, Podman, busybox_rootfs, cleanup, install, leftovers, wait_for
@@ -32,6 +33,16 @@ CHAIN = {
 }
 
 
+SHIPPED = Path(__file__).resolve().parent.parent / "conf" / "10-pycni.conflist"
+
+
+def conflists() -> list:
+    cases = [pytest.param(CHAIN, id="bridge-portmap-bandwidth")]
+    if SHIPPED.exists():
+        cases.append(pytest.param(json.loads(SHIPPED.read_text()), id=SHIPPED.stem))
+    return cases
+
+
 def http_get(node_netns, addr: str, port: int) -> str:
     """curl from the node's netns (the host side of the hostPort), bounded."""
     proc = node_netns.run("curl", "-sS", "--max-time", "5", f"http://{addr}:{port}/",
@@ -39,11 +50,16 @@ def http_get(node_netns, addr: str, port: int) -> str:
     return proc.stdout if proc.returncode == 0 else ""
 
 
-def test_podman_cni_hostport_answers_and_rm_leaves_nothing(node_netns, tmp_path) -> None:
+@pytest.mark.parametrize("conflist", conflists())
+def test_podman_cni_hostport_answers_and_rm_leaves_nothing(conflist, node_netns,
+                                                           tmp_path) -> None:
     need("podman", "conmon", "runc", "nsenter", "unshare", "curl")
     node_netns.run("ip", "addr", "add", f"{NODE_ADDR}/32", "dev", "lo")
     # podman 4's libcni knows spec versions up to 1.0.0.
-    bin_dir, conf_dir = install(tmp_path / "cni", CHAIN, cni_version="1.0.0")
+    bin_dir, conf_dir = install(tmp_path / "cni", conflist, cni_version="1.0.0")
+    net = conflist["name"]
+    bridge = next(p for p in conflist["plugins"] if p["type"] == "bridge")
+    subnet = ipaddress.ip_network(bridge["ipam"]["ranges"][0][0]["subnet"])
     rootfs = busybox_rootfs(tmp_path / "rootfs", www="hello from a podman pod\n")
     state = tmp_path / "var-lib-cni"
     node = Node(node_netns.name, bin_dir=bin_dir, conf_dir=conf_dir, state_dir=state)
@@ -51,14 +67,14 @@ def test_podman_cni_hostport_answers_and_rm_leaves_nothing(node_netns, tmp_path)
         podman = Podman(node, tmp_path / "podman", bin_dir, conf_dir)
         with cleanup(podman.stop):
             nets = json.loads(podman.run("network", "ls", "--format", "json").stdout)
-            assert "podnet" in {n["name"] for n in nets}
-            cid = podman.run("run", "-d", "--rm", "--name", "web", "--network", "podnet",
+            assert net in {n["name"] for n in nets}
+            cid = podman.run("run", "-d", "--rm", "--name", "web", "--network", net,
                              "-p", f"{HOSTPORT}:80", "--rootfs", str(rootfs),
                              "/bin/httpd", "-f", "-p", "80", "-h", "/www").stdout.strip()
             assert cid
             inspect = json.loads(podman.run("inspect", "web").stdout)[0]
-            ip = inspect["NetworkSettings"]["Networks"]["podnet"]["IPAddress"]
-            assert ipaddress.ip_address(ip) in ipaddress.ip_network("10.78.0.0/24")
+            ip = inspect["NetworkSettings"]["Networks"][net]["IPAddress"]
+            assert ipaddress.ip_address(ip) in subnet
 
             # The hostPort, from the node itself: its own address and localhost.
             body = wait_for("the hostPort to answer",
@@ -72,7 +88,7 @@ def test_podman_cni_hostport_answers_and_rm_leaves_nothing(node_netns, tmp_path)
             podman.run("stop", "--time", "0", "web", timeout=60)
             wait_for("podman --rm to remove the container",
                      lambda: podman.run("ps", "-aq").stdout.strip() == "", timeout=30)
-            assert leftovers(node_netns.ip, state, "podnet", [cid]) == []
+            assert leftovers(node_netns.ip, state, net, [cid]) == []
             assert cid not in node_netns.run("nft", "list", "ruleset").stdout
             assert http_get(node_netns, NODE_ADDR, HOSTPORT) == ""
 
