@@ -157,11 +157,16 @@ def bandwidth_caps(rate: int = 8_000_000) -> dict[str, Any]:
     return {"ingressRate": rate, "ingressBurst": rate, "egressRate": rate, "egressBurst": rate}
 
 
+# Unless a test starts its own daemon, the shims must not find one (someone else's, say):
+# the exec path alone is what those tests are about.
+NO_DAEMON = "/run/pycni-reliability-no-daemon/none.sock"
+
+
 def plugin_env(command: str, cid: str, netns: str, ifname: str = "eth0",
                extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
            "CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": netns,
-           "CNI_IFNAME": ifname, "CNI_PATH": str(BIN)}
+           "CNI_IFNAME": ifname, "CNI_PATH": str(BIN), "PYCNI_SOCKET": NO_DAEMON}
     env.update(extra or {})
     return env
 
@@ -191,7 +196,8 @@ class Runtime:
             cni_args: str = "") -> dict[str, str]:
         env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
                "NETCONFPATH": str(self.conf_dir), "CNI_PATH": str(BIN),
-               "PYCNI_CACHE_DIR": str(self.net.cache_dir), "PYTHONPATH": str(ROOT)}
+               "PYCNI_CACHE_DIR": str(self.net.cache_dir), "PYTHONPATH": str(ROOT),
+               "PYCNI_SOCKET": NO_DAEMON}
         if cid:
             env["CNI_CONTAINERID"] = cid
         if caps:
@@ -252,6 +258,68 @@ def exec_plugin(host: Netns, plugin: str, command: str, conf: dict[str, Any] | b
                           env=plugin_env(command, cid, netns, ifname, extra),
                           capture_output=True, timeout=timeout)
     return proc.returncode, parse(proc.stdout), proc.stderr.decode("utf-8", "replace")
+
+
+# ---- the daemon --------------------------------------------------------------------------------
+
+@dataclass
+class Daemon:
+    """A private `python -m cni.fast.daemon` in the host namespace, on a socket in a tmp dir."""
+
+    host: Netns
+    socket: Path
+    log: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> Daemon:
+        self.socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+               "PYTHONPATH": str(ROOT)}
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                ["ip", "netns", "exec", self.host.name, str(VENV_PY), "-m", "cni.fast.daemon",
+                 "--socket", str(self.socket)], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + TIMEOUT
+        while not self.accepting():
+            assert self.proc.poll() is None, f"daemon exited: {self.log.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, "daemon never listened"
+            time.sleep(0.05)
+        return self
+
+    def accepting(self) -> bool:
+        import socket as socketlib
+
+        s = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+        try:
+            s.connect(str(self.socket))
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid  # `ip netns exec` execs python: the same pid
+
+    def env(self) -> dict[str, str]:
+        return {"PYCNI_SOCKET": str(self.socket)}
+
+    def stop(self) -> None:
+        """SIGKILL the daemon and every child it forked (each runs in its own group)."""
+        if self.proc is None:
+            return
+        kids = descendants(self.proc.pid) if self.proc.poll() is None else []
+        _killpg(self.proc.pid)
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(timeout=TIMEOUT)
+        self.proc = None
 
 
 # ---- killing on cue ----------------------------------------------------------------------------

@@ -73,13 +73,19 @@ def make_target(plugin: str, host: Netns, pod: Netns, net: Net) -> Target:
     if plugin == "bridge":
         return Target(plugin, pod.path, "eth0", lambda cid: net.bridge_conf(), _has_ip)
     if plugin == "portmap":
-        pod.run("ip", "link", "add", "eth0", "type", "dummy")
+        # a veth toward the pod, as bridge would leave it: portmap looks up the route to the pod
+        veth = "vethrlpm0"
+        host.run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0",
+                 "netns", pod.name)
+        host.run("ip", "addr", "add", "10.77.0.1/24", "dev", veth)
+        host.run("ip", "link", "set", veth, "up")
         pod.run("ip", "addr", "add", "10.77.0.9/24", "dev", "eth0")
         pod.run("ip", "link", "set", "eth0", "up")
         return Target(plugin, pod.path, "eth0", lambda cid: net.portmap_conf(
             _prev(pod, "10.77.0.9"),
             [{"hostPort": 18080, "containerPort": 80, "protocol": "tcp"},
-             {"hostPort": 18053, "containerPort": 53, "protocol": "udp"}]))
+             {"hostPort": 18053, "containerPort": 53, "protocol": "udp"}]),
+            ignore_links=(veth,))
     if plugin == "bandwidth":
         # bandwidth shapes a veth someone else made: make the pair the way bridge would.
         veth = "vethrlbw0"
