@@ -1,0 +1,57 @@
+"""The Vagrant scenario's scripts (integration/vagrant/*.sh) run on a throwaway node here, as far
+as this machine allows: `pycni install --force` over a runtime's bundled plugins, `pycni doctor`,
+the cnitool scenario with `pycni` standing in for cnitool (same arguments, environment and
+container IDs; Debian packages no cnitool), and `pycni uninstall` restoring what was there.
+The crictl/containerd-CRI/CRI-O steps need those packages and run on the VM only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from clients import ROOT, VENV_PY, Node, cleanup
+from cnitest import REFERENCE_BIN
+from conftest import need
+
+pytestmark = pytest.mark.root
+SCRIPTS = ROOT / "integration" / "vagrant"
+NODE_IP = "192.0.2.30"
+
+
+def snapshot(*dirs: Path) -> dict[str, tuple]:
+    out: dict[str, tuple] = {}
+    for d in dirs:
+        for p in [d, *sorted(d.rglob("*"))]:
+            body = (os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else b"")
+            out[str(p)] = (p.lstat().st_mode, body)
+    return out
+
+
+def test_node_scripts_install_cnitool_scenario_uninstall(node_netns, tmp_path) -> None:
+    need("nsenter", "unshare", "curl", "busybox", "tc", "nft")
+    node_netns.run("ip", "addr", "add", f"{NODE_IP}/32", "dev", "lo")
+    bin_dir, conf_dir, state = tmp_path / "bin", tmp_path / "net.d", tmp_path / "var-lib-cni"
+    for d in (bin_dir, conf_dir):
+        d.mkdir()
+    # What a runtime package leaves on a node: the reference plugins and its own conflist.
+    for name in ("bridge", "host-local", "macvlan"):
+        if (REFERENCE_BIN / name).exists():
+            shutil.copy2(REFERENCE_BIN / name, bin_dir / name)
+    (conf_dir / "11-crio-ipv4-bridge.conflist").write_text('{"name": "crio"}')
+    before = snapshot(bin_dir, conf_dir)
+    env = {"CNITOOL": str(VENV_PY.parent / "pycni"), "PYCNI_NODE_IP": NODE_IP}
+    node = Node(node_netns.name, bin_dir=bin_dir, conf_dir=conf_dir, state_dir=state)
+    with cleanup(node.stop):
+        out = node.run("bash", str(SCRIPTS / "install-pycni.sh"), env=env).stdout
+        assert "wrote /opt/cni/bin/pycni-plugin" in out
+        assert "all required items present" in out  # pycni doctor, on the node
+        assert (bin_dir / "bridge").is_symlink()
+        proc = node.run("bash", str(SCRIPTS / "cnitool.sh"), env=env, timeout=180)
+        assert "ok: cnitool" in proc.stdout, proc.stdout + proc.stderr
+        node.run(str(VENV_PY.parent / "pycni"), "uninstall", "--bin-dir", "/opt/cni/bin")
+    assert snapshot(bin_dir, conf_dir) == before
+    assert [p.name for p in (state / "networks" / "pycni").iterdir()
+            if p.name != "lock" and not p.name.startswith("last_reserved")] == []

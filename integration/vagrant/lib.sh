@@ -1,0 +1,54 @@
+# Shared helpers for the VM scenario scripts (sourced, not run). Plain bash: every script here
+# runs the same on the Vagrant VM and directly on a Debian host, as root.
+# shellcheck disable=SC2034  # the settings below are for the scripts that source this file
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BIN_DIR=${PYCNI_BIN_DIR:-/opt/cni/bin}
+CONF_DIR=${PYCNI_CONF_DIR:-/etc/cni/net.d}
+CONFLIST=${PYCNI_CONFLIST:-10-pycni.conflist}
+NETWORK=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["name"])' \
+  "$ROOT/conf/$CONFLIST")
+HOSTPORT=${PYCNI_HOSTPORT:-8080}
+TEST_IMAGE=${PYCNI_TEST_IMAGE:-docker.io/library/busybox:1.36}
+CNITOOL=${CNITOOL:-cnitool}  # `pycni` takes cnitool's arguments and environment too
+
+pycni() { "$ROOT/.venv/bin/pycni" "$@"; }
+
+log() { printf '\n==> %s\n' "$*"; }
+die() { printf 'FAIL: %s\n' "$*" >&2; exit 1; }
+
+# wait_until SECONDS DESCRIPTION COMMAND...: poll COMMAND every half second, bounded.
+wait_until() {
+  local limit=$1 what=$2 deadline
+  shift 2
+  deadline=$((SECONDS + limit))
+  until "$@" >/dev/null 2>&1; do
+    [ "$SECONDS" -lt "$deadline" ] || die "timed out after ${limit}s waiting for $what"
+    sleep 0.5
+  done
+}
+
+# The node's own address: hostPorts are checked against it, as a client off the node would.
+node_ip() {
+  [ -n "${PYCNI_NODE_IP:-}" ] && { echo "$PYCNI_NODE_IP"; return; }
+  ip -4 -o route get 1.1.1.1 | sed -n 's/.* src \([0-9.]*\).*/\1/p'
+}
+
+# leftovers ID: what an attachment could leave behind; prints each, fails if any.
+leftovers() {
+  local id=$1 found=0 f
+  for f in /var/lib/cni/networks/"$NETWORK"/*; do
+    [ -e "$f" ] || continue
+    case ${f##*/} in lock|last_reserved_ip.*) continue ;; esac
+    grep -q "$id" "$f" && { echo "leftover reservation $f"; found=1; }
+  done
+  if nft list ruleset 2>/dev/null | grep -q "$id"; then echo "leftover nft rule for $id"; found=1; fi
+  for f in /var/lib/cni/results/*"$id"*; do
+    [ -e "$f" ] && { echo "leftover cached result $f"; found=1; }
+  done
+  [ "$found" = 0 ] || die "attachment $id left state behind"
+}
+
+# The tbf qdisc the bandwidth plugin put on some interface, at RATE (tc's spelling, e.g. 1Mbit).
+has_tbf() { tc qdisc show | grep -q "tbf .*rate $1"; }
