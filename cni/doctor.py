@@ -31,8 +31,10 @@ CLONE_NEWNET = 0x40000000
 PROBE_TIMEOUT = 30.0
 STORE_DIR = Path("/var/lib/cni/networks")
 CACHE_DIR = Path("/var/lib/cni")
-DEFAULT_SOCKET = "/run/pycni/pycni.sock"
-SOCKET_ENV = "PYCNI_SOCKET"
+try:  # the shim's own constants (stdlib-only module), so doctor checks the socket it would use
+    from cni.fast.protocol import DEFAULT_SOCKET, SOCKET_ENV
+except ImportError:  # pragma: no cover - an older tree without the daemon
+    DEFAULT_SOCKET, SOCKET_ENV = "/run/pycni/pycni.sock", "PYCNI_SOCKET"
 
 
 @dataclass

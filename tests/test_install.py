@@ -192,3 +192,23 @@ def test_doctor_probes_kernel_in_a_throwaway_netns(tmp_path) -> None:
                     "tbf qdisc (bandwidth)", "ifb links (bandwidth egress)"):
         assert names[feature].status == doctor.OK, names[feature]
     assert real_state() == before  # the probe's objects died with its namespace
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the socket must be root's")
+def test_doctor_checks_the_configured_daemon_socket(tmp_path, monkeypatch) -> None:
+    import socket
+
+    path = tmp_path / "pycni.sock"
+    monkeypatch.setenv(doctor.SOCKET_ENV, str(path))
+    assert doctor.daemon_findings()[0].status == doctor.WARN  # configured, missing
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        srv.bind(str(path))
+        srv.listen(1)
+        path.chmod(0o600)
+        assert doctor.daemon_findings()[0].status == doctor.OK
+        path.chmod(0o666)
+        finding = doctor.daemon_findings()[0]
+        assert finding.status == doctor.FAIL and "not root-only" in finding.detail
+    finally:
+        srv.close()
