@@ -1,0 +1,497 @@
+"""`make bench`: the pod chain through the reference Go plugins and through pycni, side by side.
+
+Sides: the reference (/usr/lib/cni), pycni with its daemon, pycni without it (every exec
+imports everything). They run interleaved A/B/C in one process on the same machine, through one
+driver (driver.py) that execs plugins as libcni does. Everything happens in throwaway namespaces:
+a private mount namespace (its own /run/netns), one "host" netns this process enters, a pod
+netns per pod, a tmp dataDir. Writes a table to stdout and bench/RESULTS.md.
+
+    .venv/bin/python bench/run.py [--iterations 15] [--version-runs 40] [--pods 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import re
+import secrets
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from driver import (  # noqa: E402
+    LIBCNI_VERSION_STDIN,
+    Exec,
+    Pod,
+    Side,
+    addresses,
+    chain_add,
+    chain_check,
+    chain_del,
+    run_plugin,
+)
+
+from cni.plugins import MODULES  # noqa: E402
+
+VENV_PY = ROOT / ".venv" / "bin" / "python"
+REFERENCE = Path("/usr/lib/cni")
+PLUGINS = ("loopback", "bridge", "host-local", "portmap", "bandwidth")
+CHAIN = ("loopback", "bridge", "portmap", "bandwidth")
+RESULTS = ROOT / "bench" / "RESULTS.md"
+CLONE_NEWNET = 0x40000000
+
+
+# --- the throwaway world ----------------------------------------------------------------------
+
+def enter_private_mounts() -> None:
+    """Re-exec in a private mount namespace with its own /run/netns (nothing can leak)."""
+    if os.environ.get("PYCNI_BENCH_NS") != "1":
+        if os.geteuid() != 0:
+            raise SystemExit("bench: needs root (network namespaces)")
+        os.environ["PYCNI_BENCH_NS"] = "1"
+        os.execvp("unshare", ["unshare", "--mount", "--propagation", "private", "--",
+                              sys.executable, *sys.argv])
+    os.makedirs("/run/netns", exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "pycni-bench-netns", "/run/netns"], check=True)
+
+
+def ensure_iptables() -> None:
+    """The reference portmap and bridge ipMasq shell out to iptables (rules stay in our netns)."""
+    if shutil.which("iptables") is None:
+        subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "iptables"],
+                       check=True)
+
+
+class Lab:
+    """A host netns this process lives in, and pod namespaces made on demand."""
+
+    def __init__(self) -> None:
+        self.host = f"bench-host-{secrets.token_hex(3)}"
+        subprocess.run(["ip", "netns", "add", self.host], check=True)
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        fd = os.open(f"/run/netns/{self.host}", os.O_RDONLY)
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "setns into the bench host netns")
+        os.close(fd)
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+
+    def pod(self) -> str:
+        name = f"bench-pod-{secrets.token_hex(4)}"
+        subprocess.run(["ip", "netns", "add", name], check=True)
+        return f"/run/netns/{name}"
+
+    @staticmethod
+    def drop(path: str) -> None:
+        subprocess.run(["ip", "netns", "del", os.path.basename(path)], check=False,
+                       capture_output=True)
+
+
+def implemented(plugin: str) -> bool:
+    return importlib.util.find_spec(MODULES[plugin]) is not None
+
+
+def our_bin(tmp: Path) -> tuple[Path, str]:
+    """What `pycni install` writes (direct #! to the venv python), else the repo's bin/."""
+    try:
+        from cni import install
+
+        d = tmp / "pycni-bin"
+        d.mkdir()
+        exe = d / "pycni-plugin"
+        exe.write_bytes(install.render_multicall(install.venv_python(), install.ROOT))
+        exe.chmod(0o755)
+        for name in PLUGINS:
+            (d / name).symlink_to("pycni-plugin")
+        return d, "installed copy (`#!<venv python> -IS`, as `pycni install` writes it)"
+    except Exception as e:  # install's API moved: measure the repo's executables instead
+        return ROOT / "bin", f"repo bin/ (sh trampoline; install copy failed: {e})"
+
+
+@dataclass
+class Daemon:
+    proc: subprocess.Popen
+    socket: Path
+    log: Path
+
+    @classmethod
+    def start(cls, tmp: Path) -> Daemon:
+        run = tmp / "run"
+        sock, log = run / "pycni.sock", tmp / "daemon.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([str(VENV_PY), "-m", "cni.fast.daemon", "--socket",
+                                     str(sock)], stdout=out, stderr=subprocess.STDOUT,
+                                    cwd=ROOT)
+        deadline = time.monotonic() + 120
+        while "listening" not in log.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"bench: the daemon did not start:\n{log.read_text()}")
+            time.sleep(0.05)
+        return cls(proc, sock, log)
+
+    def memory_kb(self) -> dict[str, int]:
+        fields = {}
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmHWM", "VmRSS"):
+                fields[key] = int(value.split()[0])
+        return fields
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# --- measuring --------------------------------------------------------------------------------
+
+@dataclass
+class Samples:
+    """metric -> side -> values; plus what went wrong, to print under the table."""
+
+    values: dict[str, dict[str, list[float]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(list)))
+    rss: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # side -> (kB, exec)
+    errors: list[str] = field(default_factory=list)
+    failures: dict[str, tuple[str, int]] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+
+    def add(self, metric: str, side: str, value: float) -> None:
+        if metric not in self.order:
+            self.order.append(metric)
+        self.values[metric][side].append(value)
+
+    def record(self, side: Side, execs: list[Exec], failed_too: bool = False) -> None:
+        """Times of the execs (failed ones too with failed_too); failures go to the errors."""
+        for ex in execs:
+            if ex.ok or failed_too:
+                self.add(f"{ex.plugin} {ex.command}", side.name, ex.seconds * 1000)
+            if not ex.ok:
+                self.error(f"[{side.name}] {ex.describe()}")
+
+    def error(self, text: str) -> None:
+        """Each distinct error once, with how often it happened."""
+        key = re.sub(r"[0-9a-f]{6,}", "#", text)  # the same error for another pod
+        first, count = self.failures.get(key, (text, 0))
+        self.failures[key] = (first, count + 1)
+
+    def error_lines(self) -> list[str]:
+        return [f"{text} (x{count})" for text, count in self.failures.values()] + self.errors
+
+
+def rotated(sides: list[Side], i: int) -> list[Side]:
+    k = i % len(sides)
+    return sides[k:] + sides[:k]
+
+
+def bench_version(sides: list[Side], runs: int, s: Samples) -> None:
+    for i in range(runs):
+        for plugin in PLUGINS:
+            for side in rotated(sides, i):
+                if side.name != "reference" and not implemented(plugin):
+                    continue
+                s.record(side, [run_plugin(side, plugin, "VERSION", LIBCNI_VERSION_STDIN)])
+
+
+def timed(fn: Callable[[], list[Exec]]) -> tuple[float, list[Exec]]:
+    start = time.perf_counter()
+    execs = fn()
+    return (time.perf_counter() - start) * 1000, execs
+
+
+def one_pod(lab: Lab, side: Side, s: Samples | None, index: int) -> None:
+    """ADD, CHECK, DEL of one pod; s=None is a warm-up."""
+    pod = Pod(f"{side.name[:2]}-{secrets.token_hex(6)}", lab.pod(), index)
+    try:
+        for verb, fn in (("ADD", chain_add), ("CHECK", chain_check), ("DEL", chain_del)):
+            ms, execs = timed(lambda fn=fn: fn(side, pod))
+            if s is None:
+                continue
+            s.record(side, execs, failed_too=verb == "CHECK")
+            if len(execs) == len(CHAIN) and (verb == "CHECK" or all(ex.ok for ex in execs)):
+                s.add(f"whole chain {verb}", side.name, ms)
+            if verb == "ADD" and pod.result is None:
+                chain_del(side, pod)  # clean up what a failed ADD left, untimed
+                return
+    finally:
+        lab.drop(pod.netns)
+
+
+def bench_chain(lab: Lab, sides: list[Side], iterations: int, s: Samples) -> None:
+    for side in sides:
+        one_pod(lab, side, None, 0)
+    for i in range(iterations):
+        for side in rotated(sides, i):
+            one_pod(lab, side, s, 0)
+
+
+def ifb_name(side: Side, cid: str) -> str:
+    return "bwp" + hashlib.sha512((side.network + cid).encode()).hexdigest()[:12]
+
+
+def leftovers(side: Side, pods: list[Pod]) -> list[str]:
+    """What a clean DEL must leave nothing of: veths, reservations, ifbs, rules naming a pod."""
+    found = []
+    links = json.loads(subprocess.run(["ip", "-j", "link", "show"], capture_output=True,
+                                      text=True).stdout or "[]")
+    on_bridge = [ln["ifname"] for ln in links if ln.get("master") == side.bridge]
+    found += [f"veth {n}" for n in on_bridge]
+    ifbs = {ifb_name(side, p.container_id) for p in pods}
+    found += [f"ifb {ln['ifname']}" for ln in links if ln["ifname"] in ifbs]
+    store = side.data_dir / side.network
+    if store.is_dir():
+        found += [f"ip {f.name}" for f in store.iterdir()
+                  if f.name != "lock" and not f.name.startswith("last_reserved_ip")]
+    ruleset = subprocess.run(["nft", "list", "ruleset"], capture_output=True, text=True).stdout
+    found += [f"rule for {p.container_id}" for p in pods for line in ruleset.splitlines()
+              if p.container_id in line]
+    return found
+
+
+def bench_rss(lab: Lab, sides: list[Side], s: Samples) -> None:
+    """Peak RSS of each exec (VERSION, and a pod's ADD, CHECK, DEL), untimed."""
+    for side in sides:
+        execs = [run_plugin(side, p, "VERSION", LIBCNI_VERSION_STDIN, rss=True) for p in PLUGINS]
+        pod = Pod(f"{side.name[:2]}-{secrets.token_hex(6)}", lab.pod(), 0)
+        try:
+            for fn in (chain_add, chain_check, chain_del):
+                execs += fn(side, pod, rss=True)
+        finally:
+            lab.drop(pod.netns)
+        s.rss[side.name] = [(ex.maxrss_kb, f"{ex.plugin} {ex.command}") for ex in execs]
+
+
+def bench_concurrent(lab: Lab, side: Side, count: int, s: Samples) -> None:
+    pods = [Pod(f"{side.name[:2]}-{secrets.token_hex(6)}", lab.pod(), i) for i in range(count)]
+    try:
+        with ThreadPoolExecutor(count) as pool:
+            start = time.perf_counter()
+            adds = list(pool.map(lambda p: chain_add(side, p), pods))
+            add_ms = (time.perf_counter() - start) * 1000
+            start = time.perf_counter()
+            dels = list(pool.map(lambda p: chain_del(side, p), pods))
+            del_ms = (time.perf_counter() - start) * 1000
+    finally:
+        for p in pods:
+            lab.drop(p.netns)
+    for execs in adds + dels:
+        s.record(side, [ex for ex in execs if not ex.ok])
+    ips = [a for p in pods for a in addresses(p.result)]
+    s.add(f"{count} pods ADD, wall", side.name, add_ms)
+    s.add(f"{count} pods DEL, wall", side.name, del_ms)
+    s.add(f"{count} pods ADD failures", side.name, sum(p.result is None for p in pods))
+    s.add(f"{count} pods DEL failures", side.name,
+          sum(not all(ex.ok for ex in d) for d in dels))
+    s.add(f"{count} pods duplicate IPs", side.name, len(ips) - len(set(ips)))
+    left = leftovers(side, pods)
+    s.add(f"{count} pods leftovers after DEL", side.name, len(left))
+    s.errors += [f"[{side.name}] leftover {x}" for x in left[:10]]
+
+
+# --- reporting --------------------------------------------------------------------------------
+
+SHORT = {"pycni+daemon": "daemon", "pycni (no daemon)": "no daemon"}
+TARGETS = {  # metric -> (column it applies to, bound, kind)
+    "whole chain ADD": ("pycni+daemon", 1.0, "ratio"),
+    "whole chain DEL": ("pycni+daemon", 0.5, "ratio"),
+    "whole chain CHECK": ("pycni+daemon", 1.5, "ratio"),
+}
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def cell(values: list[float] | None, count_like: bool) -> str:
+    if not values:
+        return "skipped"
+    if count_like:
+        return f"{sum(values):g} (of {len(values)} runs)"
+    return f"{statistics.median(values):.1f} / {pct(values, 0.9):.1f}"
+
+
+def ratio(ours: list[float] | None, ref: list[float] | None, count_like: bool) -> str:
+    if not ours or not ref or count_like:
+        return ""
+    base = statistics.median(ref)
+    return f"{statistics.median(ours) / base:.2f}x" if base else ""
+
+
+def target_note(metric: str, col: str, values: list[float] | None,
+                ref: list[float] | None) -> str:
+    if not values:
+        return ""
+    med = statistics.median(values)
+    if metric.endswith("VERSION") and col != "reference":
+        return "ok" if med <= 20 else "MISSED (<= 20 ms)"
+    if "failures" in metric or "duplicate" in metric or "leftovers" in metric:
+        return "ok" if sum(values) == 0 else "MISSED (0)"
+    if metric.endswith("ADD, wall") and col == "pycni+daemon" and ref:
+        return "ok" if med <= statistics.median(ref) else "MISSED (<= 1.0x)"
+    if metric == "whole chain ADD" and col == "pycni (no daemon)" and ref:
+        return "ok" if med <= 4 * statistics.median(ref) else "MISSED (<= 4x)"
+    goal = TARGETS.get(metric)
+    if goal and goal[0] == col and ref:
+        ok = med <= goal[1] * statistics.median(ref)
+        return "ok" if ok else f"MISSED (<= {goal[1]}x)"
+    return ""
+
+
+def table(s: Samples, sides: list[Side], extra: list[tuple[str, dict[str, str]]]) -> str:
+    names = [side.name for side in sides]
+    head = ["metric (ms: median / p90)", *names[:1]]
+    for n in names[1:]:
+        head += [n, "ratio"]
+    head.append("target")
+    rows = [head, ["---"] * len(head)]
+    for metric in s.order:
+        by = s.values[metric]
+        counting = any(w in metric for w in ("failures", "duplicate", "leftovers"))
+        row = [metric, cell(by.get(names[0]), counting)]
+        notes = []
+        for n in names[1:]:
+            row += [cell(by.get(n), counting), ratio(by.get(n), by.get(names[0]), counting)]
+            note = target_note(metric, n, by.get(n), by.get(names[0]))
+            if note:
+                notes.append(f"{SHORT.get(n, n)}: {note}")
+        row.append("; ".join(notes))
+        rows.append(row)
+    for metric, by_side in extra:
+        row = [metric, by_side.get(names[0], "")]
+        for n in names[1:]:
+            row += [by_side.get(n, ""), by_side.get(f"{n} ratio", "")]
+        row.append(by_side.get("target", ""))
+        rows.append(row)
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+def rss_lines(s: Samples, sides: list[Side], daemon_kb: dict[str, int]) -> list[tuple]:
+    names = [side.name for side in sides]
+    worst = {n: max(s.rss[n]) for n in names if s.rss.get(n)}
+    peak = {n: kb / 1024 for n, (kb, _) in worst.items()}
+    ref = peak.get(names[0])
+    row: dict[str, str] = {n: f"{peak[n]:.1f} MB ({what})" for n, (_, what) in worst.items()}
+    for n in names[1:]:
+        if ref and n in peak:
+            row[f"{n} ratio"] = f"{peak[n] / ref:.2f}x"
+    shim = peak.get("pycni+daemon")
+    row["target"] = "" if shim is None else ("shim ok" if shim <= 15 else "shim MISSED (<= 15 MB)")
+    lines = [("peak RSS of one plugin exec (max)", row)]
+    if daemon_kb:
+        hwm = daemon_kb.get("VmHWM", 0) / 1024
+        lines.append(("peak RSS of the daemon (VmHWM)", {
+            "pycni+daemon": f"{hwm:.1f} MB",
+            "target": "ok" if hwm <= 100 else "MISSED (<= 100 MB)"}))
+    return lines
+
+
+def machine() -> list[str]:
+    def out(*cmd: str) -> str:
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            return (p.stdout or p.stderr).strip()
+        except OSError:
+            return "?"
+    ref_about = subprocess.run([str(REFERENCE / "bridge")], capture_output=True, text=True,
+                               env={}).stderr.splitlines()
+    model = next((ln.split(":", 1)[1].strip() for ln in
+                  Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("model name")), "?")
+    return [f"- date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
+            f"- machine: {os.cpu_count()} CPUs ({model}), kernel {platform.release()}",
+            f"- python: {platform.python_version()} ({sys.executable})",
+            f"- pycni: {out('git', 'rev-parse', '--short', 'HEAD')}"
+            f"{' (dirty tree)' if out('git', 'status', '--porcelain', '--', 'cni', 'bin') else ''}",
+            f"- reference: {out('dpkg-query', '-W', 'containernetworking-plugins')} "
+            f"({ref_about[0] if ref_about else '?'})",
+            f"- iptables: {out('iptables', '--version')}; nft: {out('nft', '--version')}"]
+
+
+def write_report(text: str) -> None:
+    print(text)
+    RESULTS.write_text(text + "\n")
+    print(f"\nwritten to {RESULTS.relative_to(ROOT)}")
+
+
+# --- main -------------------------------------------------------------------------------------
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--iterations", type=int, default=15, help="pods per side, one at a time")
+    parser.add_argument("--version-runs", type=int, default=40)
+    parser.add_argument("--pods", type=int, default=30, help="pods ADDed at once")
+    parser.add_argument("--rounds", type=int, default=3, help="concurrent rounds per side")
+    parser.add_argument("--rounds-no-daemon", type=int, default=1,
+                        help="concurrent rounds without the daemon (slow: every exec imports)")
+    args = parser.parse_args()
+    enter_private_mounts()
+    ensure_iptables()
+    subprocess.run([str(VENV_PY), "-m", "compileall", "-q", str(ROOT / "cni")], check=False)
+    tmp = Path(tempfile.mkdtemp(prefix="pycni-bench-"))
+    lab = Lab()
+    ours, ours_how = our_bin(tmp)
+    daemon = Daemon.start(tmp)
+    sides = [
+        Side("reference", REFERENCE, "bref0", "10.98.0.0/16", tmp / "ref-ipam"),
+        Side("pycni+daemon", ours, "bpyd0", "10.99.0.0/16", tmp / "pyd-ipam",
+             env={"PYCNI_SOCKET": str(daemon.socket)}),
+        Side("pycni (no daemon)", ours, "bpyn0", "10.97.0.0/16", tmp / "pyn-ipam",
+             env={"PYCNI_SOCKET": str(tmp / "no-daemon.sock")}),
+    ]
+    missing = [p for p in PLUGINS if not implemented(p)]
+    s = Samples()
+    daemon_kb: dict[str, int] = {}
+    try:
+        bench_version(sides, args.version_runs, s)
+        if any(p in missing for p in CHAIN):
+            s.errors.append(f"chain skipped for pycni: not implemented: {', '.join(missing)}")
+            bench_chain(lab, sides[:1], args.iterations, s)
+        else:
+            bench_chain(lab, sides, args.iterations, s)
+            for r in range(max(args.rounds, args.rounds_no_daemon)):
+                for side in rotated(sides, r):
+                    if r < (args.rounds_no_daemon if "no daemon" in side.name else args.rounds):
+                        bench_concurrent(lab, side, args.pods, s)
+        bench_rss(lab, sides, s)
+        daemon_kb = daemon.memory_kb()
+    finally:
+        daemon.stop()
+    lines = ["# pycni vs the reference CNI plugins", "",
+             "Generated by `make bench` (bench/run.py); ratios are ours / reference, medians.",
+             "", *machine(), f"- pycni executables: {ours_how}",
+             f"- runs: {args.iterations} pods one at a time per side, {args.version_runs} "
+             f"VERSION per plugin, {args.pods} concurrent pods x {args.rounds} rounds "
+             f"({args.rounds_no_daemon} without the daemon), interleaved A/B/C", ""]
+    if missing:
+        lines += [f"**Not implemented yet (lines skipped):** {', '.join(missing)}", ""]
+    lines.append(table(s, sides, rss_lines(s, sides, daemon_kb)))
+    if s.error_lines():
+        lines += ["", "## Errors and leftovers", "",
+                  *[f"- {e}" for e in s.error_lines()[:40]]]
+    write_report("\n".join(lines))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
