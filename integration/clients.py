@@ -11,6 +11,7 @@ podman bind-mounts survive between its invocations, and nothing reaches the mach
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -34,6 +35,24 @@ APPLETS = ("sh", "ip", "ping", "httpd", "sleep", "cat", "ls", "nc", "wget", "hos
 
 def missing_tools(*tools: str) -> list[str]:
     return [t for t in tools if shutil.which(t, path=ENV["PATH"]) is None]
+
+
+@functools.cache
+def _netns_ok() -> bool:
+    from cnitest import can_use_netns
+
+    return can_use_netns()
+
+
+def need(*tools: str) -> None:
+    """Skip unless root with netns support and the tools are installed. (Lives here, not in
+    conftest.py: test modules must never import a "conftest", tests/ has several.)"""
+    import pytest
+
+    if os.geteuid() != 0 or not _netns_ok():
+        pytest.skip("needs root and network namespaces (run via make test)")
+    if missing := missing_tools(*tools):
+        pytest.skip(f"{', '.join(missing)} not installed (scripts/setup.sh's APT_TEST has them)")
 
 
 def wait_for(what: str, probe, timeout: float = 30.0, interval: float = 0.1) -> Any:

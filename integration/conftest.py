@@ -3,8 +3,6 @@ session. Clients that cannot run here are skipped with the reason; `make test` i
 
 from __future__ import annotations
 
-import functools
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,20 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import clients  # noqa: E402
-from cnitest import Netns, can_use_netns, delete_netns, new_netns  # noqa: E402
-
-
-@functools.cache
-def _netns_ok() -> bool:
-    return can_use_netns()
-
-
-def need(*tools: str) -> None:
-    """Skip unless root with netns support and the tools are installed."""
-    if os.geteuid() != 0 or not _netns_ok():
-        pytest.skip("needs root and network namespaces (run via make test)")
-    if missing := clients.missing_tools(*tools):
-        pytest.skip(f"{', '.join(missing)} not installed (scripts/setup.sh's APT_TEST has them)")
+from clients import need  # noqa: E402
+from cnitest import Netns, delete_netns, new_netns  # noqa: E402
 
 
 @pytest.fixture

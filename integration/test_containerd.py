@@ -15,8 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
-from clients import Containerd, Node, cleanup, install, leftovers
-from conftest import need
+from clients import Containerd, Node, cleanup, install, leftovers, need
 
 pytestmark = pytest.mark.root
 IMAGE = "localhost/pycni-busybox:test"

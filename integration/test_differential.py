@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chain import Side, host_veths, normalize, pod_state, store_files, tbf
-from clients import install, wait_for
+from clients import install, need, wait_for
 from cnitest import REFERENCE_BIN, Netns, Plugins, delete_netns, new_netns
-from conftest import need
+from diffchain import Side, host_veths, normalize, pod_state, store_files, tbf
 
 pytestmark = pytest.mark.root
 NODE_ADDR = "192.0.2.20"  # the node's own address (on its lo), for hostPort traffic

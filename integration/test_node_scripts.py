@@ -12,9 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from clients import ROOT, VENV_PY, Node, cleanup
+from clients import ROOT, VENV_PY, Node, cleanup, need
 from cnitest import REFERENCE_BIN
-from conftest import need
 
 pytestmark = pytest.mark.root
 SCRIPTS = ROOT / "integration" / "vagrant"

@@ -14,8 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from clients import Node, Podman, busybox_rootfs, cleanup, install, leftovers, wait_for
-from conftest import need
+from clients import Node, Podman, busybox_rootfs, cleanup, install, leftovers, need, wait_for
 
 pytestmark = pytest.mark.root
 HOSTPORT = 18080
