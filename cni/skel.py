@@ -228,7 +228,7 @@ def validate_ifname(name: str) -> None:
         raise CNIError(Code.INVALID_ENV, "interface name is too long", name)
     if name in (".", ".."):
         raise CNIError(Code.INVALID_ENV, "interface name is . or ..", name)
-    if any(c in "/:" or c.isspace() for c in name):
+    if any(c in "/:\x00" or c.isspace() for c in name):
         raise CNIError(Code.INVALID_ENV,
                        "interface name contains / or : or whitespace characters", name)
 
