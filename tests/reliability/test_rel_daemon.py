@@ -113,7 +113,7 @@ def test_kill_during_add_with_daemon(plugin: str, mode: str, host: Netns, pod: N
                                      daemon: Daemon, rng: random.Random) -> None:
     need_plugins(plugin)
     t = _with_daemon(make_target(plugin, host, pod, net), daemon)
-    kill_with_daemon(host, t, net, daemon, rng, count(5, 5), mode, f"daemon-kill-{plugin}")
+    kill_with_daemon(host, t, net, daemon, rng, count(3, 3), mode, f"daemon-kill-{plugin}")
 
 
 @pytest.mark.slow
@@ -123,7 +123,7 @@ def test_kill_during_add_with_daemon_long(plugin: str, mode: str, host: Netns, p
                                           net: Net, daemon: Daemon, rng: random.Random) -> None:
     need_plugins(plugin)
     t = _with_daemon(make_target(plugin, host, pod, net), daemon)
-    kill_with_daemon(host, t, net, daemon, rng, count(5, 100), mode,
+    kill_with_daemon(host, t, net, daemon, rng, count(3, 100), mode,
                      f"daemon-kill-{plugin}-long")
 
 

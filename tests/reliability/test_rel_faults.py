@@ -152,7 +152,7 @@ def test_kill_plugin_during_add(plugin: str, host: Netns, pod: Netns, net: Net,
                                 rng: random.Random) -> None:
     need_plugins(plugin)
     t = make_target(plugin, host, pod, net)
-    kill_plugin_during_add(host, t, net, rng, count(20, 20), f"kill-{plugin}")
+    kill_plugin_during_add(host, t, net, rng, count(8, 8), f"kill-{plugin}")
 
 
 @pytest.mark.slow
@@ -161,7 +161,7 @@ def test_kill_plugin_during_add_long(plugin: str, host: Netns, pod: Netns, net: 
                                      rng: random.Random) -> None:
     need_plugins(plugin)
     t = make_target(plugin, host, pod, net)
-    kill_plugin_during_add(host, t, net, rng, count(20, 300), f"kill-{plugin}-long")
+    kill_plugin_during_add(host, t, net, rng, count(8, 300), f"kill-{plugin}-long")
 
 
 # ---- the whole chain through the runtime -----------------------------------------------------
@@ -220,7 +220,7 @@ def _need_chain() -> None:
 def test_kill_chain_during_add(mode: str, host: Netns, runtime: Runtime, netns_factory,
                                rng: random.Random) -> None:
     _need_chain()
-    kill_chain_during_add(host, runtime, netns_factory, rng, count(8, 8), mode,
+    kill_chain_during_add(host, runtime, netns_factory, rng, count(2, 2), mode,
                           f"kill-chain-{mode}")
 
 
@@ -229,5 +229,5 @@ def test_kill_chain_during_add(mode: str, host: Netns, runtime: Runtime, netns_f
 def test_kill_chain_during_add_long(mode: str, host: Netns, runtime: Runtime, netns_factory,
                                     rng: random.Random) -> None:
     _need_chain()
-    kill_chain_during_add(host, runtime, netns_factory, rng, count(8, 150), mode,
+    kill_chain_during_add(host, runtime, netns_factory, rng, count(2, 150), mode,
                           f"kill-chain-{mode}-long")

@@ -81,7 +81,7 @@ def reboot_cycle(scenario: str, netns_factory: Callable[[str], Netns], net: Net,
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_reboot_then_gc_frees_everything(scenario: str, netns_factory, net: Net,
                                          tmp_path) -> None:
-    reboot_cycle(scenario, netns_factory, net, tmp_path / "net.d", count(3, 3),
+    reboot_cycle(scenario, netns_factory, net, tmp_path / "net.d", count(2, 2),
                  f"reboot-{scenario}")
 
 
@@ -90,5 +90,5 @@ def test_reboot_then_gc_frees_everything(scenario: str, netns_factory, net: Net,
 def test_reboot_then_gc_frees_everything_long(scenario: str, netns_factory, net: Net,
                                               tmp_path) -> None:
     for round_ in range(count(1, 5)):
-        reboot_cycle(scenario, netns_factory, net, tmp_path / f"net.d{round_}", count(3, 30),
+        reboot_cycle(scenario, netns_factory, net, tmp_path / f"net.d{round_}", count(2, 30),
                      f"reboot-{scenario}-long")
