@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from cnitest import Netns
-from relharness import LONG, Net, Runtime, token
+from relharness import LONG, Net, Runtime, inside, token
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -49,22 +47,6 @@ def rng(request: pytest.FixtureRequest) -> random.Random:
     request.node.user_properties.append(("seed", seed))
     print(f"PYCNI_SEED={seed}")
     return random.Random(seed)
-
-
-def _ns_inode(path: str) -> int:
-    return os.stat(path).st_ino
-
-
-@contextmanager
-def inside(host: Netns) -> Iterator[None]:
-    """Run in-process plugin code with this thread in `host`, never in the machine's netns."""
-    from cni.host import netns as hostns
-
-    real = _ns_inode("/proc/thread-self/ns/net")
-    with hostns.entered(host.path):
-        assert _ns_inode("/proc/thread-self/ns/net") == _ns_inode(host.path)
-        yield
-    assert _ns_inode("/proc/thread-self/ns/net") == real
 
 
 @pytest.fixture

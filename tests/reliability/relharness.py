@@ -15,7 +15,8 @@ import secrets
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -260,6 +261,13 @@ def exec_plugin(host: Netns, plugin: str, command: str, conf: dict[str, Any] | b
     return proc.returncode, parse(proc.stdout), proc.stderr.decode("utf-8", "replace")
 
 
+def _die_with_parent() -> None:
+    """PR_SET_PDEATHSIG: a daemon outlives no killed test run (it survives exec)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 # ---- the daemon --------------------------------------------------------------------------------
 
 @dataclass
@@ -270,6 +278,12 @@ class Daemon:
     socket: Path
     log: Path
     proc: subprocess.Popen | None = None
+    spares: int | None = None  # --spares N, where the daemon has warm spare children
+
+    def _args(self) -> list[str]:
+        src = (ROOT / "cni" / "fast" / "daemon.py").read_text()
+        return ["--spares", str(self.spares)] if self.spares is not None and \
+            '"--spares"' in src else []
 
     def start(self) -> Daemon:
         self.socket.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -278,8 +292,9 @@ class Daemon:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 ["ip", "netns", "exec", self.host.name, str(VENV_PY), "-m", "cni.fast.daemon",
-                 "--socket", str(self.socket)], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=log, start_new_session=True)
+                 "--socket", str(self.socket), *self._args()], cwd=ROOT, env=env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                preexec_fn=_die_with_parent)
         deadline = time.monotonic() + TIMEOUT
         while not self.accepting():
             assert self.proc.poll() is None, f"daemon exited: {self.log.read_text()[-2000:]}"
@@ -408,3 +423,21 @@ def timed(fn: Callable[[], Any]) -> float:
     start = time.monotonic()
     fn()
     return time.monotonic() - start
+
+
+# ---- in-process plugin calls ---------------------------------------------------------------
+
+def _ns_inode(path: str) -> int:
+    return os.stat(path).st_ino
+
+
+@contextmanager
+def inside(host: Netns) -> Iterator[None]:
+    """Run in-process plugin code with this thread in `host`, never in the machine's netns."""
+    from cni.host import netns as hostns
+
+    real = _ns_inode("/proc/thread-self/ns/net")
+    with hostns.entered(host.path):
+        assert _ns_inode("/proc/thread-self/ns/net") == _ns_inode(host.path)
+        yield
+    assert _ns_inode("/proc/thread-self/ns/net") == real

@@ -22,7 +22,6 @@ import figures
 import leakcheck
 import pytest
 from cnitest import BIN, Netns
-from conftest import inside
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from relharness import (
@@ -32,6 +31,7 @@ from relharness import (
     Net,
     Runtime,
     count,
+    inside,
     need,
     need_plugins,
     need_runtime,
