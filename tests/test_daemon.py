@@ -51,7 +51,8 @@ class Daemon:
         wait_for(lambda: self.served() >= count, f"{count} requests served")
         assert self.served() == count, self.log.read_text()
 
-    def children(self) -> list[int]:
+    def all_children(self) -> list[int]:
+        """Every child: running requests and idle spares."""
         try:
             text = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
         except OSError:
@@ -60,9 +61,20 @@ class Daemon:
         self.kids.update(kids)
         return kids
 
+    def children(self) -> list[int]:
+        """The children running a request: named pycni-<plugin> (spares are pycni-spare, and
+        one that has sent its reply is pycni-done)."""
+        def comm(pid: int) -> str:
+            try:
+                return Path(f"/proc/{pid}/comm").read_text().strip()
+            except OSError:
+                return ""
+        return [p for p in self.all_children()
+                if comm(p).startswith("pycni-") and comm(p) not in ("pycni-spare", "pycni-done")]
+
     def kill(self) -> None:
         """SIGKILL the daemon and every child it has (they would outlive it otherwise)."""
-        kids = self.children()
+        kids = self.all_children()
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
         for pid in kids:
@@ -103,6 +115,7 @@ def start_daemon() -> Iterator[Callable[..., Daemon]]:
 
     yield start
     for d in started:
+        print(f"--- {d.log}\n{d.log.read_text()}")  # pytest shows it when the test failed
         d.kill()
         for pid in d.kids:
             with contextlib.suppress(ProcessLookupError):
@@ -342,9 +355,10 @@ def hang_conf(tmp_path: Path) -> tuple[str, Callable[[], None]]:
     return str(fifo), release
 
 
-def spawn(plugins: Plugins, command: str, netns: str, env: dict) -> subprocess.Popen:
+def spawn(plugins: Plugins, command: str, netns: str, env: dict,
+          container_id: str = "hang1") -> subprocess.Popen:
     full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": command,
-            "CNI_CONTAINERID": "hang1", "CNI_NETNS": netns, "CNI_IFNAME": "lo",
+            "CNI_CONTAINERID": container_id, "CNI_NETNS": netns, "CNI_IFNAME": "lo",
             "CNI_PATH": str(BIN), **env}
     proc = subprocess.Popen(["ip", "netns", "exec", plugins.host.name, str(BIN / "loopback")],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -416,6 +430,39 @@ def test_sigterm_finishes_running_requests_and_new_ones_run_in_process(
     assert code == 1 and "not a network namespace" in out["msg"]  # its real answer
     daemon.proc.wait(30)
     assert daemon.served() == 1
+
+
+def test_a_killed_shim_takes_its_request_down(host, pod, plugins, start_daemon,
+                                              tmp_path) -> None:
+    """The runtime's timeout kills the plugin; with the daemon the work must stop too, as it
+    would have with the process, or an ADD could finish behind the DEL that follows."""
+    daemon = start_daemon(host)
+    fifo, _ = hang_conf(tmp_path)
+    shim = spawn(plugins, "ADD", fifo, daemon.env)
+    wait_for(lambda: len(daemon.children()) == 1, "the request's child")
+    shim.kill()
+    shim.wait()
+    wait_for(lambda: daemon.children() == [], "the orphaned request to be stopped")
+    assert "the caller went away" in daemon.log.read_text()
+    plugins.ok("loopback", "ADD", LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
+
+
+def test_requests_on_one_attachment_never_overlap(host, pod, plugins, start_daemon,
+                                                  tmp_path) -> None:
+    daemon = start_daemon(host)
+    fifo, release = hang_conf(tmp_path)
+    add = spawn(plugins, "ADD", fifo, daemon.env, container_id="same1")
+    wait_for(lambda: len(daemon.children()) == 1, "the ADD's child")
+    delete = spawn(plugins, "DEL", pod.path, daemon.env, container_id="same1")
+    wait_for(lambda: "DEL same1 waits" in daemon.log.read_text(), "the DEL to be held")
+    other = plugins.ok("loopback", "ADD", LOOPBACK, netns=pod.path, ifname="lo",
+                       container_id="other1", env=daemon.env)  # other attachments go on
+    assert other["interfaces"][0]["name"] == "lo"
+    assert delete.poll() is None and len(daemon.children()) == 1
+    release()
+    assert finish(add)[0] == 1
+    delete.stdout.read()
+    assert delete.wait(60) == 0
 
 
 def test_a_crashing_child_gets_an_error_reply(host, pod, plugins, start_daemon,

@@ -43,6 +43,7 @@ HEAVY_MODULES = ("pyroute2", "pyroute2.iproute", "pydantic", "netaddr", "nftable
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
 EXIT_NOT_STARTED = 75  # the child could not ACK (the shim is gone): nothing ran
+DONE = "pycni-done"  # a child's name once it has its reply (see Server._hangup)
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 Runner = Callable[[str, dict, bytes, "int | None"], object]  # skel.run's shape
@@ -55,6 +56,7 @@ class Options:
     read_timeout: float = 10.0  # for a request to arrive completely after connect
     max_request: int = proto.MAX_REQUEST
     max_children: int = 64  # running at once; more wait in a queue
+    spares: int = 2  # children forked and warmed ahead, so a request pays neither
     max_pending: int = 4096  # connections still sending; the oldest go first beyond this
     verbose: bool = False  # log every request served
 
@@ -72,9 +74,22 @@ class Pending:
 
 @dataclass
 class Ready:
+    """A complete request, waiting for a child."""
+
     conn: socket.socket
     data: bytes
     fds: list[int]
+    label: str  # "plugin COMMAND containerid", for logs and error messages
+    key: tuple[str, str] | None  # (container ID, ifname): one request at a time per attachment
+    held: bool = False  # waiting for a request on the same attachment
+
+
+@dataclass
+class Spare:
+    """A child forked and warmed ahead of time, waiting on `ctl` for the one request it runs."""
+
+    pid: int
+    ctl: socket.socket
 
 
 @dataclass
@@ -86,7 +101,10 @@ class Job:
     deadline: float
     label: str
     stdin: bytes
+    key: tuple[str, str] | None = None
     timed_out: bool = False
+    abandoned: bool = False  # its caller went away (the runtime killed the plugin)
+    watched: bool = True  # its connection is in the selector (for the caller hanging up)
 
 
 # --- setting up -----------------------------------------------------------------------------------
@@ -192,6 +210,8 @@ class Server:
         self.pending: dict[int, Pending] = {}
         self.queue: deque[Ready] = deque()
         self.jobs: dict[int, Job] = {}
+        self.busy: dict[tuple[str, str], int] = {}  # attachment -> pid of its running job
+        self.spares: dict[int, Spare] = {}
         self.stopping = False
         self.signals = 0  # SIGTERM/SIGINT seen; acted on in the loop, never inside the handler
         self.wake_r, self.wake_w = socket.socketpair()
@@ -210,6 +230,7 @@ class Server:
             self._reap()
             self._expire()
             self._start_queued()
+            self._refill_spares()
         self._close_listener()
         log.info("pycni daemon %d stopped", os.getpid())
 
@@ -247,6 +268,9 @@ class Server:
             ready = self.queue.popleft()
             _close_all(ready.fds)
             ready.conn.close()
+        for spare in self.spares.values():
+            spare.ctl.close()  # EOF: it exits without running anything
+        self.spares.clear()
 
     def _wake(self, sock: socket.socket) -> None:
         try:
@@ -317,10 +341,15 @@ class Server:
         if p.refused:
             self._refuse(conn, p.refused, fds=p.fds)
             return
-        if len(p.fds) != bin(proto.decode_request(data)[3]).count("1"):
+        plugin, env_block, _, roles, _ = proto.decode_request(data)
+        if len(p.fds) != bin(roles).count("1"):
             self._refuse(conn, "the request's fds do not match its header", fds=p.fds)
             return
-        self.queue.append(Ready(conn, data, p.fds))
+        env = proto.decode_env(env_block)
+        cid = env.get("CNI_CONTAINERID", "")
+        self.queue.append(Ready(conn, data, p.fds,
+                                f"{plugin} {env.get('CNI_COMMAND', '?')} {cid}".rstrip(),
+                                (cid, env.get("CNI_IFNAME", "")) if cid else None))
 
     def _unregister(self, fd: int) -> socket.socket:
         p = self.pending.pop(fd)
@@ -341,10 +370,33 @@ class Server:
 
     # Children ---------------------------------------------------------------------------------
     def _start_queued(self) -> None:
-        while self.queue and len(self.jobs) < self.opts.max_children and not self.stopping:
-            self._start(self.queue.popleft())
+        """Start what waits, in order; a request for an attachment that has one running waits
+        for it (an ADD the runtime gave up on must be gone before its DEL runs)."""
+        for ready in list(self.queue):  # what is not started stays queued (a fork closes it)
+            if len(self.jobs) >= self.opts.max_children or self.stopping:
+                return
+            if _peer_gone(ready.conn):
+                self.queue.remove(ready)
+                _close_all(ready.fds)
+                ready.conn.close()
+            elif ready.key is not None and ready.key in self.busy:
+                if not ready.held:
+                    log.debug("%s waits for the request running on its attachment",
+                              ready.label)
+                ready.held = True
+            else:
+                self.queue.remove(ready)
+                self._start(ready)
 
     def _start(self, ready: Ready) -> None:
+        stdin = proto.decode_request(ready.data)[2]
+        while self.spares:
+            spare = self.spares.pop(next(iter(self.spares)))
+            handed = _hand_over(spare.ctl, ready)
+            spare.ctl.close()
+            if handed:
+                self._started(spare.pid, ready, stdin)
+                return
         plugin, env_block, stdin, roles, umask = proto.decode_request(ready.data)
         try:
             pid = os.fork()
@@ -354,19 +406,59 @@ class Server:
             ready.conn.close()  # no ACK: the shim runs it in-process
             return
         if pid == 0:
-            self._become_child(ready)
+            self._become_child()
             run_child(ready.conn, plugin, env_block, stdin, roles, umask, ready.fds,
                       self.opts.timeout, self.runner)  # never returns
+        _own_group(pid)
+        self._started(pid, ready, stdin)
+
+    def _started(self, pid: int, ready: Ready, stdin: bytes) -> None:
         _close_all(ready.fds)
+        job = Job(pid, ready.conn, time.monotonic() + self.opts.timeout, ready.label, stdin,
+                  ready.key)
+        self.jobs[pid] = job
+        if job.key is not None:
+            self.busy[job.key] = pid
+        # The caller sends nothing more: readable means it hung up (killed by its runtime).
+        self.sel.register(job.conn, selectors.EVENT_READ, lambda _c, job=job: self._hangup(job))
+
+    def _hangup(self, job: Job) -> None:
         try:
-            os.setpgid(pid, pid)  # its own group: a timeout kills what it spawned too
+            if job.conn.recv(4096, socket.MSG_DONTWAIT):
+                return  # stray bytes: not a hang-up
+        except (BlockingIOError, InterruptedError):
+            return
         except OSError:
             pass
-        env = proto.decode_env(env_block)
-        label = f"{plugin} {env.get('CNI_COMMAND', '?')} {env.get('CNI_CONTAINERID', '')}"
-        self.jobs[pid] = Job(pid, ready.conn, time.monotonic() + self.opts.timeout, label, stdin)
+        self.sel.unregister(job.conn)
+        job.watched = False
+        if self.jobs.get(job.pid) is not job or _comm(job.pid) == DONE:
+            return  # it had answered: the caller read the reply and closed
+        log.info("%s: the caller went away; stopping its request", job.label)
+        job.abandoned = True
+        self._kill(job)
 
-    def _become_child(self, ready: Ready) -> None:
+    def _refill_spares(self) -> None:
+        """Keep `spares` children warmed and waiting, within max_children, when not busy."""
+        while (not self.stopping and not self.queue and len(self.spares) < self.opts.spares
+               and len(self.jobs) + len(self.spares) < self.opts.max_children):
+            parent_end, child_end = socket.socketpair()
+            try:
+                pid = os.fork()
+            except OSError as e:
+                log.error("fork: %s", e)
+                parent_end.close()
+                child_end.close()
+                return
+            if pid == 0:
+                parent_end.close()
+                self._become_child()
+                spare_main(child_end, self.opts.timeout, self.runner)  # never returns
+            child_end.close()
+            _own_group(pid)
+            self.spares[pid] = Spare(pid, parent_end)
+
+    def _become_child(self) -> None:
         """Drop everything of the parent's: other clients must see EOF when the parent dies."""
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
@@ -381,6 +473,8 @@ class Server:
         for other in self.queue:
             other.conn.close()
             _close_all(other.fds)
+        for spare in self.spares.values():
+            spare.ctl.close()
         self.sel.close()
 
     def _reap(self) -> None:
@@ -394,10 +488,17 @@ class Server:
             job = self.jobs.pop(pid, None)
             if job is not None:
                 self._finish(job, os.waitstatus_to_exitcode(status))
+            spare = self.spares.pop(pid, None)
+            if spare is not None:  # died before it got work: nothing to answer
+                spare.ctl.close()
 
     def _finish(self, job: Job, code: int) -> None:
         log.debug("served %s (child exit %d)", job.label, code)
-        if code not in (0, EXIT_NOT_STARTED):
+        if job.key is not None and self.busy.get(job.key) == job.pid:
+            del self.busy[job.key]
+        if job.watched:
+            self.sel.unregister(job.conn)
+        if code not in (0, EXIT_NOT_STARTED) and not job.abandoned:
             if job.timed_out:
                 why, err = f"timed out after {self.opts.timeout:g}s", proto.TRY_AGAIN_LATER
             elif code < 0:
@@ -405,7 +506,7 @@ class Server:
             else:
                 why, err = f"failed (exit {code})", proto.INTERNAL
             log.error("%s: %s", job.label, why)
-            out = proto.error_reply(err, f"pycni daemon: {job.label.split()[0]} {why}",
+            out = proto.error_reply(err, f"pycni daemon: {job.label} {why}",
                                     job.stdin)
             job.conn.settimeout(1.0)
             _send_quietly(job.conn, proto.encode_reply(1, out, b""))
@@ -416,11 +517,11 @@ class Server:
         for fd in [fd for fd, p in self.pending.items() if p.deadline <= now]:
             self._drop(fd)
         for job in self.jobs.values():
-            if not job.timed_out and job.deadline <= now:
+            if not job.timed_out and not job.abandoned and job.deadline <= now:
                 self._kill(job)
 
     def _kill(self, job: Job) -> None:
-        job.timed_out = True
+        job.timed_out = not job.abandoned
         for kill, target in ((os.killpg, job.pid), (os.kill, job.pid)):
             try:
                 kill(target, signal.SIGKILL)
@@ -431,12 +532,89 @@ class Server:
 
 # --- the child ------------------------------------------------------------------------------------
 
+_JOB_HEADER = struct.Struct("!Q")
+
+
+def _hand_over(ctl: socket.socket, ready: Ready) -> bool:
+    """Give a request to a spare: the client connection and the request's fds ride along."""
+    fds = [ready.conn.fileno(), *ready.fds]
+    data = _JOB_HEADER.pack(len(ready.data)) + ready.data
+    try:
+        sent = ctl.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                     struct.pack(f"{len(fds)}i", *fds))])
+        if sent < len(data):  # (sendall of nothing still sends: EPIPE once the spare has it)
+            ctl.sendall(memoryview(data)[sent:])
+    except OSError:
+        return False  # the spare is gone (a spare only runs a job it got whole)
+    return True
+
+
+def _take_job(ctl: socket.socket) -> tuple[socket.socket, bytes, list[int]] | None:
+    data, anc, _, _ = ctl.recvmsg(1 << 16, socket.CMSG_SPACE(4 * (proto.MAX_FDS + 1)))
+    fds = _fds_from(anc)
+    if not data or not fds:
+        _close_all(fds)
+        return None  # the daemon retired us (or died)
+    size = _JOB_HEADER.unpack_from(data)[0] + _JOB_HEADER.size
+    chunks, got = [data], len(data)
+    while got < size:
+        chunk = ctl.recv(min(size - got, 1 << 20))
+        if not chunk:
+            _close_all(fds)
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    conn = socket.socket(fileno=fds[0])
+    return conn, b"".join(chunks)[_JOB_HEADER.size:], fds[1:]
+
+
+def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None) -> None:
+    """A spare child: warm up (the copy-on-write and first-use costs), wait, run, exit."""
+    try:
+        gc.disable()
+        try:
+            os.setpgid(0, 0)
+        except OSError:
+            pass
+        _set_name("pycni-spare")  # tells idle spares from running requests in ps
+        warm_up()
+        job = _take_job(ctl)
+        ctl.close()
+        if job is None:
+            os._exit(0)
+        conn, data, fds = job
+        plugin, env_block, stdin, roles, umask = proto.decode_request(data)
+        run_child(conn, plugin, env_block, stdin, roles, umask, fds, timeout, runner)
+    except BaseException:  # noqa: BLE001
+        log.exception("spare child failed")
+    finally:
+        os._exit(3)
+
+
+def warm_up() -> None:
+    """Touch what every request touches: skel, and a netlink socket (read-only, own netns)."""
+    from cni import skel
+    from cni.host import netns
+    from cni.plugins import MODULES
+
+    for plugin in MODULES:
+        skel.run(plugin, {"CNI_COMMAND": "VERSION"}, b'{"cniVersion":"1.0.0"}')
+    try:
+        with netns.iproute() as ipr:
+            index = ipr.link_lookup(ifname="lo")
+            ipr.get_links(*index)
+            list(ipr.get_addr(index=index[0]))
+    except Exception as e:  # warming is an optimisation only
+        log.debug("warm-up: %s", e)
+
+
 def run_child(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes, roles: int,
               umask: int, fds: list[int], timeout: float, runner: Runner | None) -> None:
     """Run one request and exit; never returns into the parent's loop."""
     code = 3
     try:
         gc.disable()  # short-lived: collection only costs time here
+        _set_name(f"pycni-{plugin}")
         try:
             os.setpgid(0, 0)
         except OSError:
@@ -461,6 +639,7 @@ def run_child(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes, 
             from cni import skel
             runner = skel.run
         reply = runner(plugin, env, stdin, by_role.get(proto.ROLE_NETNS))
+        _set_name(DONE)  # the parent must not take the caller's close for a hang-up now
         conn.sendall(proto.encode_reply(reply.code, reply.stdout, reply.stderr))
         code = 0
     except BaseException:  # noqa: BLE001 - whatever happened, the parent answers for us
@@ -496,6 +675,10 @@ def _is_current(fd: int, kind: str) -> bool:
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
 
 
+def _set_name(name: str) -> None:
+    _libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME: what ps and /proc/PID/comm show
+
+
 def _setns(fd: int, nstype: int) -> None:
     if _libc.setns(fd, nstype) != 0:
         err = ctypes.get_errno()
@@ -513,6 +696,31 @@ def _fds_from(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
     for fd in fds:
         os.set_inheritable(fd, False)
     return fds
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _peer_gone(conn: socket.socket) -> bool:
+    """The client hung up (while its request waited): EOF or an error on a peek."""
+    try:
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
+
+
+def _own_group(pid: int) -> None:
+    try:
+        os.setpgid(pid, pid)  # its own group: a timeout kills what it spawned too
+    except OSError:
+        pass  # it did it itself first
 
 
 def _close_all(fds: list[int]) -> None:
@@ -572,6 +780,7 @@ def run_daemon(opts: Options, runner: Runner | None = None) -> int:
     missing = preimport()
     if missing:
         log.info("not available (requests for them fail as in-process): %s", ", ".join(missing))
+    warm_up()  # first-use caches (pyroute2's among them) filled once, shared by every child
     gc.collect()
     gc.freeze()  # the imported world stays shared with the children, untouched by their GC
     Server(listener, opts, runner, owned_path=owned).serve()
@@ -588,10 +797,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=Options.timeout,
                         help="seconds a request may run before it is killed")
     parser.add_argument("--max-children", type=int, default=Options.max_children)
+    parser.add_argument("--spares", type=int, default=Options.spares,
+                        help="children forked and warmed ahead of requests")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every request")
     args = parser.parse_args(argv)
     return run_daemon(Options(socket_path=args.socket, timeout=args.timeout,
-                              max_children=args.max_children, verbose=args.verbose))
+                              max_children=args.max_children, spares=args.spares,
+                              verbose=args.verbose))
 
 
 if __name__ == "__main__":
