@@ -98,8 +98,8 @@ def run_plugin(side: Side, plugin: str, command: str, stdin: bytes, *, container
         if rss:
             argv = ["/usr/bin/time", "-f", "%M", "-o", report.name, *argv]
         start = time.perf_counter()
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+        proc = subprocess.Popen(argv, env=env, bufsize=0, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out, err = _exchange(proc, stdin)
         code = proc.wait()
         seconds = time.perf_counter() - start
@@ -112,9 +112,9 @@ def _exchange(proc: subprocess.Popen, stdin: bytes) -> tuple[bytes, bytes]:
     assert proc.stdin and proc.stdout and proc.stderr
     try:
         proc.stdin.write(stdin)
-    except BrokenPipeError:
+        proc.stdin.close()
+    except BrokenPipeError:  # it answered without reading all of it (the reference's VERSION)
         pass
-    proc.stdin.close()
     out = proc.stdout.read()
     err = proc.stderr.read()
     proc.stdout.close()
