@@ -68,6 +68,17 @@ def _settle(d: Daemon) -> None:
         time.sleep(0.02)
 
 
+def _child_soon(d: Daemon, proc: subprocess.Popen, rng: random.Random,
+                typical: float) -> list[int]:
+    """The forked child lives a fraction of the ADD: wait for it to exist (bounded), then let it
+    run a random bit more, so most child kills land mid-request instead of finding nobody."""
+    deadline = time.monotonic() + typical * 2
+    while not descendants(d.pid) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(rng.uniform(0, 0.05))
+    return descendants(d.pid)
+
+
 def kill_with_daemon(host: Netns, t: Target, net: Net, d: Daemon, rng: random.Random, n: int,
                      mode: str, name: str) -> None:
     cid0 = "rlcal-0"
@@ -83,10 +94,11 @@ def kill_with_daemon(host: Netns, t: Target, net: Net, d: Daemon, rng: random.Ra
         if mode == "shim":
             targets = lambda p: [p.pid]  # noqa: E731 - the runtime's timeout kill
         elif mode == "child":
-            targets = lambda p: descendants(d.pid)  # noqa: E731
+            targets = lambda p: _child_soon(d, p, rng, typical)  # noqa: E731
         else:
             targets = lambda p: [d.pid]  # noqa: E731
-        delay = random_delay(rng, typical)
+        # child mode does its own waiting (for the child to exist), so it starts at once
+        delay = 0.0 if mode == "child" else random_delay(rng, typical)
         outcome = kill_after(proc, delay, targets, stdin=json.dumps(t.conf(cid)).encode())
         landed += outcome.landed
         what = f"daemon/{mode} {t.plugin} kill #{i} after {delay:.3f}s (landed={outcome.landed})"
