@@ -224,7 +224,12 @@ def validate_container_id(cid: str) -> None:
 def validate_ifname(name: str) -> None:
     if not name:
         raise CNIError(Code.INVALID_ENV, "interface name is empty")
-    if len(name) > 15:
+    try:
+        raw = name.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that were not UTF-8 in the environment
+        raise CNIError(Code.INVALID_ENV, "interface name is not valid UTF-8",
+                       name.encode("utf-8", "surrogateescape").hex()) from None
+    if len(raw) > 15:  # IFNAMSIZ - 1, in bytes as the kernel counts
         raise CNIError(Code.INVALID_ENV, "interface name is too long", name)
     if name in (".", ".."):
         raise CNIError(Code.INVALID_ENV, "interface name is . or ..", name)

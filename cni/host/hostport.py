@@ -247,11 +247,15 @@ def entry_rules_present(found: list[dict[str, Any]]) -> bool:
 def route_localnet_toward(ip: str) -> str | None:
     """Set route_localnet=1 on the interface that routes to `ip` (current netns); its name."""
     from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
 
     from cni.host import sysctl
 
     with IPRoute() as ipr:
-        routes = ipr.route("get", dst=ip)
+        try:
+            routes = ipr.route("get", dst=ip)
+        except NetlinkError:  # no route to the pod: nothing to enable (the reference skips too)
+            return None
         oif = routes[0].get_attr("RTA_OIF") if routes else None
         if oif is None:
             return None

@@ -42,8 +42,11 @@ def open_ns(target: int | str) -> int:
     """A new fd for the namespace at `target` (path or fd); checks that it is a network ns."""
     try:
         fd = os.dup(target) if isinstance(target, int) else os.open(target, os.O_RDONLY)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise NetnsMissing(target) from None
+    except OSError as e:
+        raise CNIError(Code.INVALID_ENV,
+                       f"CNI_NETNS {target!r}: cannot open: {e.strerror or e}") from None
     try:
         kind = fcntl.ioctl(fd, NS_GET_NSTYPE)
     except OSError:

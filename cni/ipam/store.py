@@ -27,7 +27,8 @@ FILE_MODE = 0o600
 DIR_MODE = 0o755
 _NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
 _OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-_MAX_CONTENT = 4096
+_READ_CHUNK = 4096
+_MAX_CONTENT = 1 << 20
 
 
 class StoreError(CNIError):
@@ -120,12 +121,17 @@ class Store:
         except OSError:
             return None
         try:
-            data = os.read(fd, _MAX_CONTENT)
+            # Read to the end: a long container ID must still match on DEL, never leak.
+            chunks = []
+            while chunk := os.read(fd, _READ_CHUNK):
+                chunks.append(chunk)
+                if sum(map(len, chunks)) > _MAX_CONTENT:
+                    return None  # not something either implementation writes
         except OSError:  # a directory or something else unreadable: not a reservation
             return None
         finally:
             os.close(fd)
-        return data.decode("utf-8", "replace")
+        return b"".join(chunks).decode("utf-8", "replace")
 
     def entries(self) -> Iterator[tuple[str, str]]:
         """(file name, content) of every reservation-looking file: regular, not bookkeeping."""

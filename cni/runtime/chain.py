@@ -229,10 +229,16 @@ class Runtime:
                 final = AddResult(*invoke.decode_result(out, version))
             except CNIError as e:
                 raise _wrap(e, f"plugin {describe(plugin)} failed (add)") from None
-        self.cache.write(CachedAttachment(
-            container_id=rt.container_id, network=conf.name, ifname=rt.ifname, config=conf.raw,
-            netns=rt.netns, cni_args=list(rt.cni_args), capability_args=rt.capability_args,
-            result=final.printable() if final else None))
+        try:
+            self.cache.write(CachedAttachment(
+                container_id=rt.container_id, network=conf.name, ifname=rt.ifname,
+                config=conf.raw, netns=rt.netns, cni_args=list(rt.cni_args),
+                capability_args=rt.capability_args,
+                result=final.printable() if final else None))
+        except OSError as e:
+            # As libcni: the ADD is reported failed; the runtime's DEL cleans the attachment.
+            raise CNIError(Code.IO_FAILURE, f'failed to set network "{conf.name}" cached '
+                           f"result: {e.strerror or e}") from None
         return final
 
     def check(self, conf: NetworkConfigList, rt: RuntimeConf) -> None:

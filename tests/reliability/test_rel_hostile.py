@@ -273,7 +273,7 @@ def fuzz_setup(host: Netns, pod: Netns, net: Net) -> Iterator[tuple[Fuzz, list[s
     dirs = [net.data_dir, net.cache_dir, Path("/var/lib/cni")]
     missing_file = str(net.data_dir.parent / "not-a-netns")
     Path(missing_file).write_text("")
-    # Paths that fail to open with EACCES/ENOTDIR are left to their own xfail test below
+    # Paths that fail to open with EACCES/ENOTDIR have their own test below
     # (test_unopenable_netns_path_is_a_cni_error) until cni/host/netns.py handles them.
     netns_choices = [pod.path, pod.path, "/run/netns/rl-does-not-exist", "", missing_file,
                      "/proc/self/ns/net", "../../../run/netns/x"]
@@ -515,16 +515,13 @@ def test_non_utf8_bytes_in_stdin_and_env(host: Netns, pod: Netns, net: Net) -> N
     for plugin in ("bridge", "host-local", "loopback"):
         for stdin in stdins:
             one(plugin, stdin, base)
-        # CNI_IFNAME has its own xfail test below
+        # CNI_IFNAME has its own test below
         for key in (b"CNI_CONTAINERID", b"CNI_NETNS", b"CNI_ARGS", b"CNI_COMMAND"):
             one(plugin, conf, {**base, key: b"rl\xff\xfe" + (b"=1" if key == b"CNI_ARGS"
                                                               else b"")})
     figures.record("non-utf8", cases=checked, errors=errors, problems=0)
 
 
-@pytest.mark.xfail(strict=True, reason="cni/host/netns.py open_ns (line 44) catches only "
-                   "FileNotFoundError: a CNI_NETNS that fails to open otherwise (ENOTDIR, EACCES, "
-                   "ENAMETOOLONG) is an unhandled exception (999 with a traceback), not code 4")
 @pytest.mark.parametrize("plugin", ["loopback", "bridge"])
 def test_unopenable_netns_path_is_a_cni_error(plugin: str, fuzz_setup, net: Net,
                                               pod: Netns) -> None:
@@ -536,10 +533,6 @@ def test_unopenable_netns_path_is_a_cni_error(plugin: str, fuzz_setup, net: Net,
     assert not fz.problems, "\n".join(fz.problems[:4])
 
 
-@pytest.mark.xfail(strict=True, reason="cni/host/hostport.py route_localnet_toward: "
-                   "`ipr.route('get')` raises NetlinkError(101) when no route leads to the "
-                   "container; portmap ADD then fails with 999 where the reference "
-                   "(getRoutableHostIF returning \"\") succeeds")
 def test_portmap_add_without_a_route_to_the_container(fuzz_setup, host: Netns, net: Net,
                                                       pod: Netns) -> None:
     need_plugins("portmap")
@@ -553,9 +546,6 @@ def test_portmap_add_without_a_route_to_the_container(fuzz_setup, host: Netns, n
     fz.in_process("portmap", _env("DEL", "rlnoroute-1", pod.path), json.dumps(conf).encode())
 
 
-@pytest.mark.xfail(strict=True, reason="cni/ipam/store.py reads at most _MAX_CONTENT=4096 "
-                   "bytes of a reservation (line 123): ADD reserves for a container ID longer "
-                   "than that, DEL answers success and never releases it")
 def test_very_long_container_id_is_released_by_del(fuzz_setup, net: Net, pod: Netns) -> None:
     need_plugins("host-local")
     fz, _ = fuzz_setup
@@ -564,9 +554,6 @@ def test_very_long_container_id_is_released_by_del(fuzz_setup, net: Net, pod: Ne
     assert not leakcheck.reservations(net.data_dir)  # case() DELs every successful ADD
 
 
-@pytest.mark.xfail(strict=True, reason="cni/runtime/chain.py add: cache.write's OSError "
-                   "(ENAMETOOLONG for a 5000-char container ID) is not a CNIError: `pycni add` "
-                   "dies with a traceback after every plugin ran, leaving the attachment in place")
 def test_runtime_with_a_very_long_container_id_fails_cleanly(runtime: Runtime,
                                                              pod: Netns) -> None:
     need_runtime()
@@ -578,9 +565,6 @@ def test_runtime_with_a_very_long_container_id_fails_cleanly(runtime: Runtime,
     leakcheck.assert_none(runtime.host, runtime.net.data_dir, runtime.net.cache_dir)
 
 
-@pytest.mark.xfail(strict=True, reason="skel.validate_ifname accepts a CNI_IFNAME that is not "
-                   "UTF-8 (surrogate-escaped); bridge then dies in pyroute2 with an unhandled "
-                   "UnicodeEncodeError (999 + traceback) instead of a code-4 error")
 def test_non_utf8_ifname_is_a_clean_error(host: Netns, pod: Netns, net: Net) -> None:
     need_plugins("bridge", "host-local")
     env = {k.encode(): v.encode() for k, v in _env("ADD", "rlutf-2", pod.path).items()}
