@@ -47,6 +47,7 @@ def main() -> int:
         _title("the demo host: links, rules, qdiscs")
         print(_run("ip", "netns", "exec", host, "ip", "-br", "link"))
         print(_run("ip", "netns", "exec", host, "nft", "list", "ruleset") or "(no nft rules)")
+        print(_run("ip", "netns", "exec", host, "tc", "qdisc", "show"))
         for net in nets:
             for pod in pods:
                 _title(f"pycni check {net} {pod}")
@@ -100,13 +101,21 @@ def _runner_env(work: Path) -> dict[str, str]:
         "NETCONFPATH": str(work / "net.d"),
         "CNI_PATH": str(BIN),
         "PYCNI_CACHE_DIR": str(work / "cache"),
-        "CAP_ARGS": json.dumps({"portMappings": [
-            {"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]}),
     }
 
 
+def _cap_args(pod: str) -> str:
+    """Each pod gets its own hostPort (8081, 8082) and a 10/20 Mbit/s shaping."""
+    port = 8080 + int(pod.split("-pod")[1].split("-")[0])
+    return json.dumps({
+        "portMappings": [{"hostPort": port, "containerPort": 80, "protocol": "tcp"}],
+        "bandwidth": {"ingressRate": 10_000_000, "ingressBurst": 100_000,
+                      "egressRate": 20_000_000, "egressBurst": 200_000},
+    })
+
+
 def _pycni(host: str, env: dict[str, str], verb: str, net: str, pod: str) -> str:
-    env = env | {"CNI_CONTAINERID": f"demo-{pod}"}
+    env = env | {"CNI_CONTAINERID": f"demo-{pod}", "CAP_ARGS": _cap_args(pod)}
     return _run("ip", "netns", "exec", host, sys.executable, "-m", "cni.cli", verb, net,
                 f"/run/netns/{pod}", env=env)
 
@@ -117,6 +126,27 @@ def _show_traffic(pods: list[str]) -> None:
         return
     _title(f"ping from {pods[0]} to {pods[1]} ({addrs[0]})")
     print(_run("ip", "netns", "exec", pods[0], "ping", "-c", "2", "-W", "2", addrs[0]))
+    gateway = _gateway(pods[1])
+    if gateway and shutil.which("ncat"):
+        _title(f"{pods[1]} asks {gateway}:8081, the hostPort of {pods[0]}'s port 80")
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", pods[0], "ncat", "-l", "80", "--send-only", "-w", "5"],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            server.stdin.write(b"hello from " + pods[0].encode() + b" via its hostPort\n")
+            server.stdin.close()
+            reply = subprocess.run(
+                ["ip", "netns", "exec", pods[1], "ncat", "--recv-only", "-w", "5", gateway,
+                 "8081"], capture_output=True, text=True, timeout=15)
+            print(reply.stdout.strip() or f"no answer: {reply.stderr.strip()}")
+        finally:
+            server.kill()
+            server.wait()
+
+
+def _gateway(ns: str) -> str | None:
+    routes = json.loads(_run("ip", "netns", "exec", ns, "ip", "-j", "-4", "route"))
+    return next((r["gateway"] for r in routes if r.get("dst") == "default"), None)
 
 
 def _ipv4(ns: str) -> list[str]:
