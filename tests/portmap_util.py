@@ -136,6 +136,10 @@ def build_node(host: Netns, netns_factory) -> Node:
     node = Node(host, netns_factory("pycni-out"), netns_factory("pycni-far"))
     for key in ("net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"):
         host.run("sysctl", "-qw", key)
+    # Link-local addresses (which neighbour discovery needs) would sit tentative in DAD for a
+    # second on every new link, losing the first datagram of a UDP test now and then.
+    for ns in (host, node.outside, node.far):
+        ns.run("sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0")
     host.run("ip", "link", "add", "br0", "type", "bridge", "stp_state", "0", "forward_delay", "0")
     host.run("ip", "link", "set", "br0", "up")
     _addr(host, "br0", f"{BR[4]}/24", f"{BR[6]}/64")
