@@ -4,6 +4,7 @@ cni/cli.py, so `pycni add` never imports this)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -26,14 +27,9 @@ from cni import install as inst
 def install(bin_dir: Path, conf_dir: Path, conflist: str, cni_version: str | None, force: bool,
             no_compile: bool) -> None:
     """Install the plugins into BIN_DIR and a conflist into CONF_DIR."""
-    try:
-        lines = inst.install(bin_dir, conf_dir, conflist or None, force=force,
-                             cni_version=cni_version, compile_bytecode=not no_compile)
-    except (inst.InstallError, OSError) as e:
-        click.echo(f"pycni install: {e}", err=True)
-        sys.exit(1)
-    for line in lines:
-        click.echo(line)
+    _report("install", lambda: inst.install(bin_dir, conf_dir, conflist or None, force=force,
+                                            cni_version=cni_version,
+                                            compile_bytecode=not no_compile))
 
 
 @click.command()
@@ -41,10 +37,15 @@ def install(bin_dir: Path, conf_dir: Path, conflist: str, cni_version: str | Non
               show_default=True, help="The bin dir given to install (its manifest is there).")
 def uninstall(bin_dir: Path) -> None:
     """Remove exactly what `pycni install` wrote; restore what it replaced."""
+    _report("uninstall", lambda: inst.uninstall(bin_dir))
+
+
+def _report(verb: str, action: Callable[[], list[str]]) -> None:
+    """Print what `action` did, line by line; its failure as one line and exit 1."""
     try:
-        lines = inst.uninstall(bin_dir)
+        lines = action()
     except (inst.InstallError, OSError) as e:
-        click.echo(f"pycni uninstall: {e}", err=True)
+        click.echo(f"pycni {verb}: {e}", err=True)
         sys.exit(1)
     for line in lines:
         click.echo(line)

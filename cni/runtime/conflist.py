@@ -56,13 +56,18 @@ def _usable(version: str) -> bool:
         return False
 
 
-def plugin_from_bytes(data: bytes) -> dict[str, Any]:
+def _json_object(data: bytes, what: str) -> dict[str, Any]:
     try:
-        conf = json.loads(data)
+        obj = json.loads(data)
     except ValueError as e:
-        raise _err(f"error parsing configuration: {e}") from None
-    if not isinstance(conf, dict):
-        raise _err("error parsing configuration: not a JSON object")
+        raise _err(f"error parsing {what}: {e}") from None
+    if not isinstance(obj, dict):
+        raise _err(f"error parsing {what}: not a JSON object")
+    return obj
+
+
+def plugin_from_bytes(data: bytes) -> dict[str, Any]:
+    conf = _json_object(data, "configuration")
     if not conf.get("type") or not isinstance(conf["type"], str):
         raise _err("error parsing configuration: missing 'type'")
     return conf
@@ -70,12 +75,7 @@ def plugin_from_bytes(data: bytes) -> dict[str, Any]:
 
 def from_bytes(data: bytes, source: str = "") -> NetworkConfigList:
     """A conflist from its bytes (libcni NetworkConfFromBytes); plugins may still be empty."""
-    try:
-        raw = json.loads(data)
-    except ValueError as e:
-        raise _err(f"error parsing configuration list: {e}") from None
-    if not isinstance(raw, dict):
-        raise _err("error parsing configuration list: not a JSON object")
+    raw = _json_object(data, "configuration list")
     if "name" not in raw:
         raise _err("error parsing configuration list: no name")
     name = raw["name"]
