@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import time
 
-from cni.host import links, routes, sysctl
+from cni.host import links, netns, routes, sysctl
 from cni.spec.errors import CNIError, Code
 
 IFA_F_NODAD = 0x02
@@ -62,10 +62,9 @@ def configure_iface(ifname: str, ips: list[dict], route_list: list[dict]) -> Non
     `ips` are the result's entries for this interface; a route without gw goes through the
     first gateway of its family.
     """
-    from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 
-    with IPRoute() as ipr:
+    with netns.iproute() as ipr:
         link = links.get(ipr, ifname)
         if link is None:
             raise _err(f'failed to lookup "{ifname}": Link not found')
@@ -119,12 +118,11 @@ def ensure_gateway(ifname: str, cidr: str, force: bool) -> None:
     IPv4: another address on the bridge is an error unless forceAddress, which replaces it.
     IPv6: several addresses are fine unless their subnets overlap (then the same rule).
     """
-    from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 
     want = ipaddress.ip_interface(cidr)
     family = 2 if want.version == 4 else 10
-    with IPRoute() as ipr:
+    with netns.iproute() as ipr:
         link = links.get(ipr, ifname)
         if link is None:
             raise _err(f'could not lookup "{ifname}": Link not found')

@@ -10,8 +10,8 @@ import ctypes
 import fcntl
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any
 
 from cni.spec.errors import CNIError, Code
 
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 CLONE_NEWNET = 0x40000000
 NS_GET_NSTYPE = 0xB703  # ioctl on an nsfs fd: which kind of namespace it is
 _libc: ctypes.CDLL | None = None
+# Set only inside shared_sockets(): namespace (st_dev, st_ino) -> the one IPRoute for it.
+_shared: dict[tuple[int, int], IPRoute] | None = None
 
 
 def libc() -> ctypes.CDLL:
@@ -88,11 +90,71 @@ def same_as_current(target: int | str) -> bool:
         os.close(fd)
 
 
-def iproute(target: int | str | None = None) -> IPRoute:
-    """An IPRoute whose netlink socket lives in `target` (None: the current namespace)."""
+def _new_iproute(target: int | str | None) -> IPRoute:
     from pyroute2 import IPRoute
 
     if target is None:
         return IPRoute()
     with entered(target):
         return IPRoute()
+
+
+class _Borrowed(AbstractContextManager):
+    """A shared IPRoute handed out for a `with` block: leaving the block does not close it."""
+
+    def __init__(self, ipr: IPRoute) -> None:
+        self.ipr = ipr
+
+    def __enter__(self) -> IPRoute:
+        return self.ipr
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _ns_key(target: int | str | None) -> tuple[int, int]:
+    if target is None:
+        st = os.stat("/proc/thread-self/ns/net")
+    else:
+        fd = open_ns(target)
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+    return st.st_dev, st.st_ino
+
+
+def iproute(target: int | str | None = None) -> AbstractContextManager[IPRoute]:
+    """An IPRoute whose netlink socket lives in `target` (None: the current namespace), for a
+    `with` block. Inside shared_sockets() it is the request's one socket for that namespace."""
+    if _shared is None:
+        return _new_iproute(target)
+    # Keyed by the namespace itself, not the path: None inside entered() is the container.
+    key = _ns_key(target)
+    ipr = _shared.get(key)
+    if ipr is None:
+        ipr = _shared[key] = _new_iproute(target)
+    return _Borrowed(ipr)
+
+
+@contextmanager
+def shared_sockets() -> Iterator[None]:
+    """One IPRoute per namespace for the whole block (a request), closed at its end.
+
+    pyroute2 0.9 builds a socket plus its own asyncio event loop per IPRoute; a bridge ADD
+    used to open eleven. A cached socket also pins its namespace, so its inode is not reused.
+    """
+    global _shared
+    if _shared is not None:  # nested: the outer block owns the sockets
+        yield
+        return
+    _shared = {}
+    try:
+        yield
+    finally:
+        sockets, _shared = _shared, None
+        for ipr in sockets.values():
+            try:
+                ipr.close()
+            except Exception:
+                pass  # closing is best effort: the process ends soon anyway

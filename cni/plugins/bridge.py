@@ -190,7 +190,8 @@ def add(req: Request) -> Result:
 
     undo = Undo(req)
     try:
-        return _add(req, conf, is_layer3, undo)
+        with netns.shared_sockets():  # one netlink socket per namespace, not one per step
+            return _add(req, conf, is_layer3, undo)
     except BaseException:
         undo.run()
         raise
@@ -354,6 +355,11 @@ def _teardown(enabled: bool, fn: Callable[[], Any], req: Request) -> None:
 # --- CHECK ----------------------------------------------------------------------------------
 
 def check(req: Request) -> None:
+    with netns.shared_sockets():  # one netlink socket per namespace, not one per step
+        _check(req)
+
+
+def _check(req: Request) -> None:
     conf = load(req)
     if conf.ipam_type:
         ipam.check(req, conf.ipam_type)
