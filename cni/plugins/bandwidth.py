@@ -197,6 +197,13 @@ def _host_veth(req: Request, prev: Result):
 # ---- verbs -----------------------------------------------------------------------------------
 
 def add(req: Request) -> Result:
+    from cni.host import netns
+
+    with netns.shared_sockets():  # the peer lookup and the tc work share one host socket
+        return _add(req)
+
+
+def _add(req: Request) -> Result:
     lim = limits(req)
     if lim is None or (lim.ingress is None and lim.egress is None):
         return req.prev_result or _empty(req)
@@ -258,6 +265,13 @@ def _undo(req: Request, undo: list) -> None:
 
 
 def delete(req: Request) -> None:
+    from cni.host import netns
+
+    with netns.shared_sockets():  # the peer lookup and the tc work share one host socket
+        _delete(req)
+
+
+def _delete(req: Request) -> None:
     """Remove the ifb (missing is fine), and our qdiscs on the host veth if it is still there."""
     from cni.host import ifb, netns, tc
 
@@ -295,6 +309,13 @@ def _host_veth_if_any(req: Request):
 
 
 def check(req: Request) -> None:
+    from cni.host import netns
+
+    with netns.shared_sockets():  # the peer lookup and the tc work share one host socket
+        _check(req)
+
+
+def _check(req: Request) -> None:
     """Compare the kernel's tbf rate, limit and buffer with the config, on both sides."""
     from cni.host import ifb, netns, tc
 
