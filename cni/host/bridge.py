@@ -99,11 +99,13 @@ def set_vlans(port: str, vlan: int, trunk: list[int], preserve_default: bool) ->
     """Access port (`vlan`: PVID, untagged) or trunk port (tagged `trunk` VLANs)."""
     from cni.host import netns
 
+    if not vlan and not trunk:
+        return  # nothing to set: skip the link lookup (the common, VLAN-less case)
     with netns.iproute() as ipr:
         link = links.get(ipr, port)
         if link is None:
             raise _err(f'failed to lookup "{port}"')
-        if (vlan or trunk) and not preserve_default:
+        if not preserve_default:
             for entry in port_vlans(ipr, link.index):
                 try:
                     ipr.vlan_filter("del", index=link.index, vlan_info={"vid": entry["vid"]})
