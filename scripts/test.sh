@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the suite in a private mount namespace: /run/netns and /var/lib/cni are fresh tmpfs
-# there, so namespaces and stores the tests make can never leak onto the machine, even on a crash.
+# Runs the suite in a private mount namespace: /run/netns, /run/pycni and /var/lib/cni are fresh
+# tmpfs there, so namespaces and stores the tests make can never leak onto the machine, even on a
+# crash, and no test can reach a pycni daemon the machine itself runs.
 # Every netns test also makes its own "host" network namespace (tests/cnitest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,8 +10,9 @@ if [ "${PYCNI_IN_TEST_NS:-}" != 1 ] && [ "$(id -u)" = 0 ] && command -v unshare 
   exec unshare --mount --propagation private -- "$0" "$@"
 fi
 if [ "${PYCNI_IN_TEST_NS:-}" = 1 ]; then
-  mkdir -p /run/netns /var/lib/cni
+  mkdir -p /run/netns /run/pycni /var/lib/cni
   mount -t tmpfs pycni-test-netns /run/netns
+  mount -t tmpfs -o mode=0700 pycni-test-run /run/pycni
   mount -t tmpfs pycni-test-cni /var/lib/cni
 fi
 set +e
