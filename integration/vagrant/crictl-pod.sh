@@ -53,7 +53,7 @@ wait_until 30 "the hostPort" curl -fsS --max-time 3 "http://$addr:$HOSTPORT/"
 
 log "bandwidth annotations: tbf at 1Mbit on the veth and the ifb"
 has_tbf 1Mbit || die "no tbf qdisc at 1Mbit"
-ip -br link show type ifb | grep -q '^bwp' || die "no bwp ifb for egress shaping"
+ip -br link show type ifb | grep '^bwp' >/dev/null || die "no bwp ifb for egress shaping"
 
 log "stop and remove; nothing left"
 crictl stop "$ctr" >/dev/null
@@ -61,6 +61,6 @@ crictl rm "$ctr" >/dev/null
 crictl stopp "$pod" >/dev/null
 crictl rmp "$pod" >/dev/null
 leftovers "$pod"
-! ip -br link show type ifb | grep -q '^bwp' || die "bwp ifb left behind"
+! ip -br link show type ifb | grep '^bwp' >/dev/null || die "bwp ifb left behind"
 ! curl -fsS --max-time 3 "http://$addr:$HOSTPORT/" >/dev/null 2>&1 || die "hostPort still answers"
 echo "ok: $endpoint"

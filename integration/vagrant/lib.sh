@@ -43,7 +43,7 @@ leftovers() {
     case ${f##*/} in lock|last_reserved_ip.*) continue ;; esac
     grep -q "$id" "$f" && { echo "leftover reservation $f"; found=1; }
   done
-  if nft list ruleset 2>/dev/null | grep -q "$id"; then echo "leftover nft rule for $id"; found=1; fi
+  if nft list ruleset 2>/dev/null | grep "$id" >/dev/null; then echo "leftover nft rule for $id"; found=1; fi
   for f in /var/lib/cni/results/*"$id"*; do
     [ -e "$f" ] && { echo "leftover cached result $f"; found=1; }
   done
@@ -51,4 +51,4 @@ leftovers() {
 }
 
 # The tbf qdisc the bandwidth plugin put on some interface, at RATE (tc's spelling, e.g. 1Mbit).
-has_tbf() { tc qdisc show | grep -q "tbf .*rate $1"; }
+has_tbf() { tc qdisc show | grep "tbf .*rate $1" >/dev/null; }  # not -q: an early exit SIGPIPEs tc under pipefail
