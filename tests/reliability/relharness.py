@@ -251,6 +251,15 @@ def plugin_argv(host: Netns, plugin: str) -> list[str]:
     return ["ip", "netns", "exec", host.name, str(BIN / plugin)]
 
 
+def spawn_add(host: Netns, plugin: str, cid: str, netns: str, ifname: str,
+              extra: dict[str, str] | None) -> subprocess.Popen:
+    """An ADD exec'd as a runtime would, in its own session so a kill takes it all down."""
+    return subprocess.Popen(plugin_argv(host, plugin), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=plugin_env("ADD", cid, netns, ifname, extra),
+                            start_new_session=True)
+
+
 def exec_plugin(host: Netns, plugin: str, command: str, conf: dict[str, Any] | bytes, cid: str,
                 netns: str, ifname: str = "eth0", extra: dict[str, str] | None = None,
                 timeout: float = TIMEOUT) -> tuple[int, Any, str]:

@@ -36,9 +36,8 @@ from relharness import (
     kill_after,
     need,
     need_plugins,
-    plugin_argv,
-    plugin_env,
     random_delay,
+    spawn_add,
     timed,
 )
 from test_rel_faults import PLUGINS, Target, _clean_after_del, _ok, make_target
@@ -87,10 +86,7 @@ def kill_with_daemon(host: Netns, t: Target, net: Net, d: Daemon, rng: random.Ra
     landed = 0
     for i in range(n):
         cid = f"rld{i}-{rng.randrange(1 << 20):05x}"
-        proc = subprocess.Popen(plugin_argv(host, t.plugin), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=plugin_env("ADD", cid, t.netns, t.ifname, t.extra_env),
-                                start_new_session=True)
+        proc = spawn_add(host, t.plugin, cid, t.netns, t.ifname, t.extra_env)
         if mode == "shim":
             targets = lambda p: [p.pid]  # noqa: E731 - the runtime's timeout kill
         elif mode == "child":
@@ -330,10 +326,7 @@ def test_killed_shim_does_not_let_its_add_finish_after_del(host: Netns, pod: Net
     need_plugins("bridge")
     t = _with_daemon(make_target("bridge", host, pod, net), daemon)
     cid = "rlorphan-1"
-    proc = subprocess.Popen(plugin_argv(host, "bridge"), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=plugin_env("ADD", cid, t.netns, t.ifname, t.extra_env),
-                            start_new_session=True)
+    proc = spawn_add(host, "bridge", cid, t.netns, t.ifname, t.extra_env)
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(t.conf(cid)).encode())
     proc.stdin.close()

@@ -27,10 +27,9 @@ from relharness import (
     kill_after,
     need_plugins,
     need_runtime,
-    plugin_argv,
-    plugin_env,
     pod_caps,
     random_delay,
+    spawn_add,
     timed,
 )
 
@@ -127,10 +126,7 @@ def kill_plugin_during_add(host: Netns, t: Target, net: Net, rng: random.Random,
     landed = 0
     for i in range(n):
         cid = f"rlk{i}-{rng.randrange(1 << 20):05x}"
-        proc = subprocess.Popen(plugin_argv(host, t.plugin), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=plugin_env("ADD", cid, t.netns, t.ifname, t.extra_env),
-                                start_new_session=True)
+        proc = spawn_add(host, t.plugin, cid, t.netns, t.ifname, t.extra_env)
         delay = random_delay(rng, typical)
         outcome = kill_after(proc, delay, stdin=json.dumps(t.conf(cid)).encode())
         landed += outcome.landed
