@@ -224,6 +224,8 @@ def test_failed_add_removes_what_it_made_and_only_that(plugins, host, pod) -> No
     assert code == 1 and "ingress qdisc" in out["msg"], out
     assert ifb_name("bwnet", "ctr1") not in host.links()
     assert kinds(host, w.veth) == ["ingress", "noqueue"]  # our tbf gone, theirs kept
+    plugins.ok("bandwidth", "DEL", cfg, netns=pod.path)  # no ifb of ours: their qdisc stays
+    assert kinds(host, w.veth) == ["ingress", "noqueue"]
 
 
 def test_del_removes_ifb_and_qdiscs_and_is_idempotent(plugins, host, pod) -> None:
@@ -244,6 +246,18 @@ def test_del_without_netns_still_removes_the_ifb(plugins, host, pod) -> None:
     pod.run("ip", "link", "del", "eth0")  # the pod is gone, and its veth with it
     plugins.ok("bandwidth", "DEL", cfg, netns="")
     assert ifb_name("bwnet", "ctr1") not in host.links()
+
+
+def test_del_after_add_killed_before_the_redirect_removes_the_bare_ingress(plugins, host,
+                                                                          pod) -> None:
+    """Found by the reliability suite: a SIGKILL between the ingress qdisc and the redirect."""
+    w = wire(host, pod, 1)
+    cfg = conf(**runtime_bw(None, (20 * MBIT, 160_000)))
+    add(plugins, w, cfg)
+    host.run("tc", "filter", "del", "dev", w.veth, "parent", "ffff:")  # the state at the kill
+    assert kinds(host, w.veth) == ["ingress", "noqueue"] and not redirect_targets(host, w.veth)
+    plugins.ok("bandwidth", "DEL", cfg, netns=pod.path)
+    assert_untouched(host, w)
 
 
 def test_check_compares_kernel_state(plugins, host, pod) -> None:

@@ -190,6 +190,11 @@ def redirect_targets(ipr: IPRoute, index: int) -> list[int]:
     return targets
 
 
+def bare_ingress(ipr: IPRoute, index: int) -> bool:
+    """An ingress qdisc without filters: an ADD killed before its redirect leaves one."""
+    return has_ingress(ipr, index) and not list(ipr.get_filters(index=index, parent=INGRESS_HANDLE))
+
+
 def delete_root(ipr: IPRoute, index: int) -> None:
     """Remove the root qdisc (the kernel puts the default back); none is fine."""
     _ignore_missing(lambda: ipr.tc("del", index=index, handle=TBF_HANDLE, parent=TC_H_ROOT))
