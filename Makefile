@@ -19,8 +19,12 @@ lint: setup
 bench: setup
 	$(PY) bench/run.py
 
+# The long runs (about an hour on 2 cores); the figures of this run alone, summed, at the end.
+FIGURES ?= /tmp/pycni-reliability-long.jsonl
 reliability: setup
-	PYCNI_LONG=1 ./scripts/test.sh -m slow tests/reliability
+	rm -f $(FIGURES)
+	PYCNI_LONG=1 PYCNI_FIGURES=$(FIGURES) ./scripts/test.sh -m slow tests/reliability; \
+	rc=$$?; $(PY) tests/reliability/report.py $(FIGURES); exit $$rc
 
 install: setup
 	$(PY) -m cni.cli install
