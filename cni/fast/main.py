@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from cni.fast.shim import main
+from cni.fast.shim import leave, main
 
-__all__ = ["main"]
+__all__ = ["leave", "main"]

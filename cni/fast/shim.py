@@ -46,6 +46,23 @@ def main(argv0: str) -> int:
     return reply[2]
 
 
+def leave(code: int) -> None:  # never returns (typing.NoReturn: importing typing costs 7 ms)
+    """Exit with `code`, skipping interpreter finalization: module teardown and a last GC cost
+    ~1 ms after the shim alone and ~60 ms after an in-process run (pyroute2, pydantic ...).
+    Nothing is lost: replies go out through os.write, plugin code writes files through fds or
+    `with` blocks, and no atexit handler but logging's (no handlers configured) is registered."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass  # closed or None: nothing buffered there
+    if "logging" in sys.modules:
+        sys.modules["logging"].shutdown()
+    os._exit(code)
+
+
 def in_process(plugin: str, stdin: bytes) -> Reply:
     from cni import skel
 
