@@ -40,6 +40,12 @@ log = logging.getLogger("pycni.daemon")
 HEAVY_MODULES = ("pyroute2", "pyroute2.iproute", "pydantic", "netaddr", "nftables",
                  "cni.skel", "cni.spec.result", "cni.spec.config", "cni.host.netns",
                  "cni.host.links", "cni.host.nft", "cni.ipam.delegate")
+# Imported inside functions on the request path: imported here, or every child pays for it
+# (bandwidth's tc/ifb/peer alone cost ~3 ms a request: module bodies, dataclass builds).
+LAZY_MODULES = ("pyroute2.conntrack", "pyroute2.netlink.exceptions",
+                "pyroute2.netlink.nfnetlink.nfctsocket", "pyroute2.netlink.rtnl.tcmsg",
+                "traceback")
+PACKAGES = ("cni.spec", "cni.host", "cni.ipam", "cni.plugins")  # every module in them
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
 EXIT_NOT_STARTED = 75  # the child could not ACK (the shim is gone): nothing ran
@@ -114,7 +120,8 @@ def preimport(extra: tuple[str, ...] = ()) -> list[str]:
     from cni.plugins import MODULES
 
     missing = []
-    for name in HEAVY_MODULES + tuple(MODULES.values()) + extra:
+    for name in HEAVY_MODULES + tuple(MODULES.values()) + LAZY_MODULES + _modules_of(PACKAGES) \
+            + extra:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as e:
@@ -132,6 +139,16 @@ def preimport(extra: tuple[str, ...] = ()) -> list[str]:
 
     netns.libc()
     return missing
+
+
+def _modules_of(packages: tuple[str, ...]) -> tuple[str, ...]:
+    import pkgutil
+
+    names = []
+    for package in packages:
+        module = importlib.import_module(package)
+        names += [f"{package}.{m.name}" for m in pkgutil.iter_modules(module.__path__)]
+    return tuple(names)
 
 
 def inherited_listener() -> socket.socket | None:

@@ -1,7 +1,5 @@
 """The executables' entry (bin/cni-plugin calls main): the stdlib-only shim, see shim.py."""
 
-from __future__ import annotations
+from cni.fast.shim import leave, main
 
-from cni.fast.shim import main
-
-__all__ = ["main"]
+__all__ = ["leave", "main"]

@@ -13,8 +13,6 @@ in-process; after it, the request may have run, so a lost reply is a CNI error (
 never a second run. A REPLY without an ACK is the daemon refusing the request (not run either).
 """
 
-from __future__ import annotations
-
 import struct
 
 MAGIC = b"PYCNI\x01"

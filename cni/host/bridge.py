@@ -53,7 +53,7 @@ def ensure(name: str, mtu: int = 0, promisc: bool = False,
         except OSError:
             pass  # no IPv6 on this host
         links.set_up(ipr, br.index)
-        return by_name(ipr, name)
+        return br  # read before promisc/up, which change neither its index, MAC nor MTU
 
 
 def by_name(ipr, name: str) -> links.Link:
@@ -72,7 +72,7 @@ def lookup(name: str) -> links.Link:
         return by_name(ipr, name)
 
 
-def attach(port: str, bridge: links.Link, hairpin: bool, isolated: bool) -> links.Link:
+def attach(port: str, bridge: links.Link, hairpin: bool, isolated: bool) -> None:
     """Enslave `port` to the bridge and set its hairpin and isolation flags."""
     from cni.host import netns
 
@@ -92,7 +92,6 @@ def attach(port: str, bridge: links.Link, hairpin: bool, isolated: bool) -> link
             ipr.brport("set", index=link.index, isolated=int(isolated))
         except Exception as e:
             raise _err(f"failed to set isolated on {port}: {e}") from None
-        return links.get(ipr, port) or link
 
 
 def set_vlans(port: str, vlan: int, trunk: list[int], preserve_default: bool) -> None:
@@ -137,23 +136,12 @@ def port_vlans(ipr, index: int) -> list[dict]:
     return out
 
 
-def port_flags(ipr, index: int) -> dict:
-    """hairpin, isolated and STP state of a bridge port."""
-    msg = ipr.get_links(index)[0]
-    data = msg.get(("IFLA_LINKINFO", "IFLA_INFO_SLAVE_DATA"))
-    get = data.get if data is not None else (lambda _k: None)
-    return {"hairpin": bool(get("IFLA_BRPORT_MODE")),
-            "isolated": bool(get("IFLA_BRPORT_ISOLATED")),
-            "state": get("IFLA_BRPORT_STATE")}
-
-
-def pin_mac(name: str) -> None:
-    """Set the bridge's MAC to itself: otherwise it follows the lowest port MAC and changes as
-    ports come and go (reference #805)."""
+def pin_mac(br: links.Link) -> None:
+    """Set the bridge's MAC to itself (as `ensure` just read it): otherwise it follows the
+    lowest port MAC and changes as ports come and go (reference #805)."""
     from cni.host import netns
 
     with netns.iproute() as ipr:
-        br = by_name(ipr, name)
         try:
             links.set_mac(ipr, br.index, br.mac)
         except Exception as e:
@@ -172,7 +160,7 @@ def wait_forwarding(port: str, delays: tuple[float, ...] = (0, 0.05, 0.5, 1, 1))
             link = links.get(ipr, port)
             if link is None:
                 raise _err(f"failed to lookup {port!r}")
-            state = port_flags(ipr, link.index)["state"] if link.master else BR_STATE_FORWARDING
+            state = link.port_state if link.master else BR_STATE_FORWARDING
             if link.operstate == "UP" and state == BR_STATE_FORWARDING:
                 return link
         raise _err(f"bridge port in error state: {link.operstate if link else 'missing'}")

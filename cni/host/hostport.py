@@ -246,6 +246,8 @@ def entry_rules_present(found: list[dict[str, Any]]) -> bool:
 
 def route_localnet_toward(ip: str) -> str | None:
     """Set route_localnet=1 on the interface that routes to `ip` (current netns); its name."""
+    import socket
+
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 
@@ -257,9 +259,9 @@ def route_localnet_toward(ip: str) -> str | None:
         except NetlinkError:  # no route to the pod: nothing to enable (the reference skips too)
             return None
         oif = routes[0].get_attr("RTA_OIF") if routes else None
-        if oif is None:
-            return None
-        ifname = ipr.get_links(oif)[0].get_attr("IFLA_IFNAME")
+    if oif is None:
+        return None
+    ifname = socket.if_indextoname(oif)  # one ioctl in this netns, not an RTM_GETLINK
     sysctl.write(sysctl.conf(4, ifname, "route_localnet"), 1)
     return ifname
 

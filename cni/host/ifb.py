@@ -33,10 +33,10 @@ def alias_for(network: str, container_id: str) -> str:
 def create(ipr: IPRoute, name: str, mtu: int, network: str, container_id: str) -> Ifb:
     """Add the ifb (txqueuelen 0 and the MTU given, as the reference), mark it, set it up."""
     ipr.link("add", ifname=name, kind="ifb", mtu=mtu, txqlen=0)
-    index = ipr.link_lookup(ifname=name)[0]
+    link = ipr.link("get", ifname=name)[0]  # index and MAC in one request (up keeps the MAC)
+    index = link["index"]
     try:
         ipr.link("set", index=index, ifalias=alias_for(network, container_id), state="up")
-        link = ipr.get_links(index)[0]
     except Exception:
         ipr.link("del", index=index)
         raise
@@ -48,11 +48,13 @@ def lookup(ipr: IPRoute, name: str) -> int | None:
     return found[0] if found else None
 
 
-def delete(ipr: IPRoute, name: str) -> bool:
-    """Delete the link by name; False if it was not there."""
+def delete(ipr: IPRoute, name: str, index: int | None = None) -> bool:
+    """Delete the link by name (or by `index`, when the caller just looked it up); False if it
+    was not there."""
     from pyroute2 import NetlinkError
 
-    index = lookup(ipr, name)
+    if index is None:
+        index = lookup(ipr, name)
     if index is None:
         return False
     try:

@@ -10,11 +10,10 @@ IFF_UP = 0x1
 
 
 def _addresses(ipr, index: int) -> list[str]:
-    out = []
-    for family in (2, 10):  # AF_INET, AF_INET6: v4 first, as the reference lists them
-        for msg in ipr.get_addr(family=family, index=index):
-            out.append(f"{msg.get('IFA_ADDRESS')}/{msg['prefixlen']}")
-    return out
+    msgs = list(ipr.get_addr(index=index))  # one dump for both families, not one per family
+    return [f"{msg.get('IFA_ADDRESS')}/{msg['prefixlen']}"
+            for family in (2, 10)  # AF_INET, AF_INET6: v4 first, as the reference lists them
+            for msg in msgs if msg["family"] == family]
 
 
 def addresses(ipr, index: int) -> list[str]:
@@ -32,7 +31,7 @@ def set_loopback(target: int | str, up: bool) -> list[str]:
 
 def loopback_is_up(target: int | str) -> bool:
     with netns.iproute(target) as ipr:
-        link = ipr.get_links(ipr.link_lookup(ifname="lo")[0])[0]
+        link = ipr.link("get", ifname="lo")[0]  # the lookup's reply is the link: one request
         return bool(link["flags"] & IFF_UP)
 
 
@@ -58,6 +57,7 @@ class Link:
     promisc: bool
     operstate: str
     peer_index: int  # IFLA_LINK: for a veth, the peer's index (in the peer's namespace)
+    port_state: int | None = None  # IFLA_BRPORT_STATE when it is a bridge port (STP state)
 
 
 def parse(msg) -> Link:
@@ -73,7 +73,13 @@ def parse(msg) -> Link:
         promisc=bool(flags & IFF_PROMISC),
         operstate=msg.get("IFLA_OPERSTATE") or "",
         peer_index=msg.get("IFLA_LINK") or 0,
+        port_state=_port_state(msg),
     )
+
+
+def _port_state(msg) -> int | None:
+    slave = msg.get(("IFLA_LINKINFO", "IFLA_INFO_SLAVE_DATA"))
+    return slave.get("IFLA_BRPORT_STATE") if slave is not None else None
 
 
 def get(ipr, name: str) -> Link | None:

@@ -25,17 +25,22 @@ class HostVeth:
 
 def _container_side(target: int | str, ifname: str) -> tuple[int, int]:
     """(container ifindex, peer ifindex) of the veth named ifname in the container."""
+    from pyroute2 import NetlinkError
+
     with netns.iproute(target) as ipr:
-        found = ipr.link_lookup(ifname=ifname)
+        try:  # the reply to a lookup by name is the link itself: one request, not two
+            found = ipr.link("get", ifname=ifname)
+        except NetlinkError:
+            found = []  # what link_lookup made of any error
         if not found:
             raise PeerError(f"container interface {ifname} not found")
-        link = ipr.get_links(found[0])[0]
+        link = found[0]
         info = link.get_attr("IFLA_LINKINFO")
         kind = info.get_attr("IFLA_INFO_KIND") if info is not None else None
         peer = link.get_attr("IFLA_LINK")
         if kind != "veth" or not peer:
             raise PeerError(f"container interface {ifname} has no veth peer")
-        return found[0], peer
+        return link["index"], peer
 
 
 def host_veth(target: int | str, ifname: str) -> HostVeth:

@@ -79,19 +79,19 @@ def _finish(ipr, name: str, container_ns: int | str, ifname: str) -> Pair:
         container = links.get(cipr, ifname)
     if container is None:
         raise CNIError(Code.INTERNAL, f"failed to lookup {ifname!r} in the container")
-    return Pair(host=links.get(ipr, name) or host, container=container)
+    host.up = True  # set just now; nothing else of it changes by going up
+    return Pair(host=host, container=container)
 
 
-def delete_container_end(container_ns: int | str, ifname: str) -> list[str] | None:
-    """Delete the container's veth (the host end goes with it); its addresses, or None if the
-    link was not there. A missing namespace raises netns.NetnsMissing."""
+def delete_container_end(container_ns: int | str, ifname: str) -> bool:
+    """Delete the container's veth (the host end goes with it); False if the link was not
+    there. A missing namespace raises netns.NetnsMissing."""
     with netns.iproute(container_ns) as cipr:
         link = links.get(cipr, ifname)
         if link is None:
-            return None
-        addrs = links.addresses(cipr, link.index)
+            return False
         cipr.link("del", index=link.index)
-        return addrs
+        return True
 
 
 def delete_host_end(name: str) -> None:

@@ -5,8 +5,6 @@ a `cni.skel.Request`; `add` returns a canonical result (cni.spec.result). Module
 when a verb needs them, so VERSION never pays for their imports.
 """
 
-from __future__ import annotations
-
 MODULES: dict[str, str] = {
     "loopback": "cni.plugins.loopback",
     "host-local": "cni.plugins.host_local",

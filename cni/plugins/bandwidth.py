@@ -286,7 +286,8 @@ def _delete(req: Request) -> None:
             tc.delete_ingress(ipr, veth.index)
         if veth is not None and limits_or_none(req) and tc.root_kind(ipr, veth.index) == "tbf":
             tc.delete_root(ipr, veth.index)
-        ifb.delete(ipr, name)
+        if index is not None:
+            ifb.delete(ipr, name, index)  # looked up above: no second lookup
 
 
 def limits_or_none(req: Request) -> Limits | None:

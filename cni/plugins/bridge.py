@@ -200,7 +200,7 @@ def add(req: Request) -> Result:
 def _add(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Result:
     br = bridge.ensure(conf.bridge, conf.mtu, conf.promiscMode,
                        vlan_filtering=bool(conf.vlan or conf.vlanTrunk is not None))
-    bridge.pin_mac(br.name)
+    bridge.pin_mac(br)
 
     pair = veth.create(req.netns_target, req.ifname, conf.mtu, conf.mac)
     undo.push("veth", lambda: veth.delete_host_end(pair.host.name))

@@ -65,7 +65,8 @@ def add(req: Request) -> Result:
 def delete(req: Request) -> None:
     parse_config(req, for_del=True)
     found = {family: _ours(req, {family}) for family in hostport.NFT_FAMILY}
-    _apply(lambda: nft.delete_rules_script(_ours(req, set(hostport.NFT_FAMILY))))
+    _apply(lambda: nft.delete_rules_script(_ours(req, set(hostport.NFT_FAMILY))),
+           first=nft.delete_rules_script([r for f in sorted(found) for r in found[f]]))
     for family, rules in found.items():
         _flush_udp(req, family, hostport.udp_host_ports(rules))
 
@@ -108,7 +109,8 @@ def gc(req: Request) -> None:
     found = {f: hostport.container_rules_found(_listed(f), stale) for f in hostport.NFT_FAMILY}
     _apply(lambda: nft.delete_rules_script(
         [r for f in hostport.NFT_FAMILY
-         for r in hostport.container_rules_found(_listed(f), stale)]))
+         for r in hostport.container_rules_found(_listed(f), stale)]),
+        first=nft.delete_rules_script([r for f in hostport.NFT_FAMILY for r in found[f]]))
     for family, rules in found.items():
         _flush_udp(req, family, hostport.udp_host_ports(rules))
 
@@ -242,10 +244,11 @@ def _ours(req: Request, families: set[int]) -> list[dict[str, Any]]:
         _listed(f), lambda c: c in (comment, req.container_id))]
 
 
-def _apply(script: Callable[[], str]) -> None:
-    """Run the batch built from a fresh listing; rebuild and retry if it raced another."""
+def _apply(script: Callable[[], str], first: str | None = None) -> None:
+    """Run the batch built from a fresh listing; rebuild and retry if it raced another.
+    `first`: the batch already built from a listing just made (saves listing twice)."""
     for attempt in range(_RETRIES):
-        text = script()
+        text = first if attempt == 0 and first is not None else script()
         if not text:
             return
         try:
