@@ -16,7 +16,7 @@ from typing import Any
 
 from cni import __version__
 from cni.spec import version as versions
-from cni.spec.errors import CNIError, Code
+from cni.spec.errors import CNIError, Code, invalid_config
 
 COMMANDS = ("ADD", "CHECK", "DEL", "GC", "STATUS", "VERSION")
 # Which CNI_* variables each command requires (the reference skel's table).
@@ -93,8 +93,10 @@ def run(plugin: str, env: Mapping[str, str], stdin: bytes, netns: int | None = N
             return Reply(version_info(plugin, stdin).encode(), b"", 0)
         _check_env(command, env)
         config = decode_config(stdin)
-        version = config.get("cniVersion") or versions.DEFAULT_IF_MISSING
-        if not isinstance(version, str):
+        version = config.get("cniVersion")
+        if version is None or version == "":  # as the reference's decoder: absent means 0.1.0
+            version = versions.DEFAULT_IF_MISSING
+        elif not isinstance(version, str):
             version = versions.CURRENT
             raise CNIError(Code.DECODING_FAILURE, "cniVersion must be a string")
         versions.require_supported(version, supported(plugin))
@@ -138,6 +140,14 @@ def dispatch(req: Request) -> str:
         return ""
     from cni.spec.result import from_current
     return json.dumps(from_current(result, req.version), indent=4)
+
+
+def require_printable(result: dict | None, version: str) -> None:
+    """For a plugin whose answer is prevResult: refuse, before changing anything, one that cannot
+    be printed in the config's version (0.1.0/0.2.0 need an IP address)."""
+    if result is not None:
+        from cni.spec.result import from_current
+        from_current(result, version)
 
 
 def load(plugin: str):
@@ -236,6 +246,30 @@ def validate_ifname(name: str) -> None:
     if any(c in "/:\x00" or c.isspace() for c in name):
         raise CNIError(Code.INVALID_ENV,
                        "interface name contains / or : or whitespace characters", name)
+
+
+# GC's list of still-valid attachments: the spec's key, and the one libcni also sends (#1101).
+VALID_ATTACHMENT_KEYS = ("cni.dev/valid-attachments", "cni.dev/attachments")
+
+
+def valid_attachments(config: Mapping[str, Any]) -> set[tuple[str, str]] | None:
+    """GC's (containerID, ifname) pairs; None when the runtime sent no list (libcni omits it for
+    a GC without arguments), which each plugin answers by removing nothing or refusing. Checked
+    whole before a plugin removes anything: a bad list is code 7 naming the entry."""
+    key = next((k for k in VALID_ATTACHMENT_KEYS if config.get(k) is not None), None)
+    if key is None:
+        return None
+    items = config[key]
+    if not isinstance(items, list):
+        raise invalid_config(key, items, "must be a list of {containerID, ifname}")
+    out = set()
+    for i, item in enumerate(items):
+        cid = item.get("containerID") if isinstance(item, dict) else None
+        ifname = item.get("ifname") if isinstance(item, dict) else None
+        if not isinstance(cid, str) or not isinstance(ifname, str):
+            raise invalid_config(f"{key}[{i}]", item, "needs string containerID and ifname")
+        out.add((cid, ifname))
+    return out
 
 
 def parse_args(raw: str) -> list[tuple[str, str]]:

@@ -400,6 +400,20 @@ def test_del_twice(plugins, host, pod, tmp_path) -> None:
     assert "cni0" in host.links()  # the bridge is never deleted
 
 
+def test_del_of_an_interface_the_kernel_will_not_delete_is_a_clean_error(plugins, host, pod,
+                                                                         tmp_path) -> None:
+    """Found by the long fuzz: DEL with CNI_IFNAME=lo was 999 with a pyroute2 traceback."""
+    c = conf(tmp_path, ipMasq=True)
+    add(plugins, c, pod)
+    code, out, err = plugins.exec("bridge", "DEL", c, netns=pod.path, ifname="lo",
+                                  path=ipam_path())
+    assert code == 1 and out["code"] == 999 and "'lo'" in out["msg"], out
+    assert "Traceback" not in err
+    # refused at the first step: the pod's own attachment is untouched
+    assert "lo" in pod.links() and "eth0" in pod.links() and len(host_veths(host)) == 1
+    assert len(reservations(tmp_path)) == 1 and len(masq_rules(host)) == 1
+
+
 def test_del_with_empty_netns_removes_rules_and_reservation(plugins, host, pod,
                                                             tmp_path) -> None:
     c = conf(tmp_path, ipMasq=True, macspoofchk=True)

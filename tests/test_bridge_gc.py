@@ -39,6 +39,27 @@ def test_gc_removes_what_is_not_valid_and_keeps_the_rest(plugins, host, netns_fa
 
 
 @pytest.mark.root
+def test_gc_without_a_valid_list_or_with_a_bad_one_removes_nothing(plugins, host, netns_factory,
+                                                                   tmp_path) -> None:
+    """Found by the long fuzz: without the list, bridge took it as empty and removed every
+    masquerade rule of the network before host-local refused the GC."""
+    c = conf(tmp_path, version="1.1.0", ipMasq=True, macspoofchk=True)
+    for cid in ("a", "b"):
+        plugins.ok("bridge", "ADD", c, container_id=cid, netns=netns_factory("pycni-pod").path,
+                   path=ipam_path())
+    before = (masq_rules(host), spoof_chains(host), reservations(tmp_path))
+    for gc_conf, key in ((c, "cni.dev/valid-attachments null"),
+                         (c | {"cni.dev/valid-attachments": {"a": 1}},
+                          'cni.dev/valid-attachments {"a": 1}'),
+                         (c | {"cni.dev/attachments": [attach("a"), {"containerID": "b"}]},
+                          'cni.dev/attachments[1] {"containerID": "b"}')):
+        code, out, _ = plugins.exec("bridge", "GC", gc_conf, container_id="", ifname="",
+                                    path=ipam_path())
+        assert code == 1 and out["code"] == 7 and key in out["msg"], out
+        assert (masq_rules(host), spoof_chains(host), reservations(tmp_path)) == before
+
+
+@pytest.mark.root
 def test_status_delegates_to_ipam(plugins, tmp_path) -> None:
     c = conf(tmp_path, version="1.1.0", ipMasq=True)
     plugins.ok("bridge", "STATUS", c, container_id="", ifname="", path=ipam_path())

@@ -74,3 +74,13 @@ def test_add_into_a_file_that_is_not_a_netns_is_refused(plugins, tmp_path) -> No
     bogus.write_text("")
     code, out, _ = plugins.exec("loopback", "ADD", CONF, netns=str(bogus), ifname="lo")
     assert code == 1 and out["code"] == 4
+
+
+@pytest.mark.parametrize("version", ["0.1.0", "0.2.0"])
+def test_prev_result_that_cannot_be_printed_changes_nothing(plugins, pod, version) -> None:
+    """Found by the long fuzz: the error came after lo was already up."""
+    pod.run("ip", "link", "set", "lo", "down")
+    conf = CONF | {"cniVersion": version, "prevResult": {"cniVersion": "1.0.0", "ips": []}}
+    code, out, err = plugins.exec("loopback", "ADD", conf, netns=pod.path, ifname="lo")
+    assert code == 1 and "no valid IP addresses" in out["msg"] and "Traceback" not in err
+    assert not lo_up(pod)

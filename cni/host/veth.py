@@ -90,7 +90,13 @@ def delete_container_end(container_ns: int | str, ifname: str) -> bool:
         link = links.get(cipr, ifname)
         if link is None:
             return False
-        cipr.link("del", index=link.index)
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        try:
+            cipr.link("del", index=link.index)
+        except NetlinkError as e:  # e.g. CNI_IFNAME=lo: the kernel refuses, nothing changed
+            raise CNIError(Code.INTERNAL, f"failed to delete {ifname!r} in the container: "
+                           f"{e.args[-1]}") from None
         return True
 
 

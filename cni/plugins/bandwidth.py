@@ -30,7 +30,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from cni.skel import Request
+from cni.skel import Request, require_printable, valid_attachments
 from cni.spec.errors import CNIError, Code, invalid_config
 from cni.spec.result import Result
 
@@ -208,6 +208,7 @@ def _add(req: Request) -> Result:
     if lim is None or (lim.ingress is None and lim.egress is None):
         return req.prev_result or _empty(req)
     prev = _require_prev(req)
+    require_printable(prev, req.version)
     veth = _host_veth(req, prev)
     ingress = _tbf(lim.ingress, veth.mtu) if lim.ingress else None
     egress = _tbf(lim.egress, veth.mtu) if lim.egress else None
@@ -354,14 +355,10 @@ def gc(req: Request) -> None:
     """Remove our ifbs (of this network) whose container is not among the valid attachments."""
     from cni.host import ifb, netns
 
-    valid = req.config.get("cni.dev/valid-attachments")
-    if valid is None:
-        valid = req.config.get("cni.dev/attachments")
+    valid = valid_attachments(req.config)
     if valid is None:
         return  # no list: we cannot tell stale from live, so remove nothing
-    if not isinstance(valid, list):
-        raise invalid_config("cni.dev/valid-attachments", valid, "must be a list")
-    keep = {a.get("containerID") for a in valid if isinstance(a, dict)}
+    keep = {cid for cid, _ in valid}
     with netns.iproute() as ipr:
         for dev in ifb.marked(ipr):
             if dev.network == req.network and dev.container_id not in keep:

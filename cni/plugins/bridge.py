@@ -21,7 +21,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from cni.host import addrs, bridge, links, masq, netns, routes, spoofchk, veth
 from cni.ipam import delegate as ipam
-from cni.skel import Request, validate_ifname
+from cni.skel import Request, valid_attachments, validate_ifname
 from cni.spec.config import Model, PluginConf, parse
 from cni.spec.errors import CNIError, Code, invalid_config, unsupported
 from cni.spec.result import Result
@@ -426,29 +426,14 @@ def check_bridge(conf: NetConf, entry: dict) -> links.Link:
 
 # --- GC / STATUS ----------------------------------------------------------------------------
 
-def valid_attachments(req: Request) -> set[tuple[str, str]]:
-    items = req.config.get("cni.dev/valid-attachments")
-    if items is None:
-        items = req.config.get("cni.dev/attachments")
-    if items is None:
-        items = []
-    if not isinstance(items, list):
-        raise invalid_config("cni.dev/valid-attachments", items, "must be a list")
-    out = set()
-    for item in items:
-        if not isinstance(item, dict) or not isinstance(item.get("containerID"), str) \
-                or not isinstance(item.get("ifname"), str):
-            raise invalid_config("cni.dev/valid-attachments", item,
-                                 "each needs containerID and ifname")
-        out.add((item["containerID"], item["ifname"]))
-    return out
-
-
 def gc(req: Request) -> None:
     conf = load(req, strict=False)
-    valid = valid_attachments(req)
-    _teardown(conf.ipMasq, lambda: masq.gc(conf.name, valid), req)
-    _teardown(conf.macspoofchk, lambda: spoofchk.gc(conf.name, valid), req)
+    valid = valid_attachments(req.config)
+    if valid is None:  # stale and live look alike without the list: IPAM decides (host-local: 7)
+        req.log("GC without cni.dev/valid-attachments: no nftables rule removed")
+    else:
+        _teardown(conf.ipMasq, lambda: masq.gc(conf.name, valid), req)
+        _teardown(conf.macspoofchk, lambda: spoofchk.gc(conf.name, valid), req)
     if conf.ipam_type:
         ipam.gc(req, conf.ipam_type)
 

@@ -12,7 +12,7 @@ from typing import Any
 from cni.ipam import config as ipam_config
 from cni.ipam.allocator import Address, Allocator, parse_ip
 from cni.ipam.store import Store, StoreError, is_special
-from cni.skel import Request, validate_container_id, validate_ifname
+from cni.skel import Request, valid_attachments, validate_container_id, validate_ifname
 from cni.spec.errors import CNIError, Code
 from cni.spec.result import Result
 
@@ -116,23 +116,12 @@ def gc(req: Request) -> None:
 
 
 def _valid_attachments(config: dict[str, Any]) -> set[tuple[str, str]]:
-    key = next((k for k in ("cni.dev/valid-attachments", "cni.dev/attachments")
-                if k in config), None)
-    if key is None:
+    valid = valid_attachments(config)
+    if valid is None:  # releasing everything on a missing list is how IPs vanish under live pods
         raise CNIError(Code.INVALID_CONFIG,
                        "invalid cni.dev/valid-attachments null: GC needs the list of valid "
                        "attachments")
-    items = config[key]
-    if not isinstance(items, list):
-        raise ipam_config.bad(key, items, "must be a list of {containerID, ifname}")
-    out = set()
-    for i, item in enumerate(items):
-        cid = item.get("containerID") if isinstance(item, dict) else None
-        ifname = item.get("ifname") if isinstance(item, dict) else None
-        if not isinstance(cid, str) or not isinstance(ifname, str):
-            raise ipam_config.bad(f"{key}.{i}", item, "needs string containerID and ifname")
-        out.add((cid, ifname))
-    return out
+    return valid
 
 
 def status(req: Request) -> None:

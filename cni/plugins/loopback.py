@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from cni.host import links
 from cni.host.netns import NetnsMissing
-from cni.skel import Request
+from cni.skel import Request, require_printable
 from cni.spec.errors import CNIError, Code
 from cni.spec.result import Result
 
 
 def add(req: Request) -> Result:
+    require_printable(req.prev_result, req.version)
     addresses = links.set_loopback(req.netns_target, up=True)
     if req.prev_result is not None:
         return req.prev_result  # chained: pass the previous result through untouched

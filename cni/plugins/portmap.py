@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
+from cni import skel
 from cni.host import conntrack, hostport, nft
 from cni.host.hostport import Mapping
 from cni.skel import Request
@@ -214,14 +215,11 @@ def container_ips(prev: Result, ifname: str) -> dict[int, str]:
 
 
 def valid_attachments(config: dict[str, Any]) -> set[tuple[str, str]] | None:
-    raw = config.get("cni.dev/valid-attachments", config.get("cni.dev/attachments"))
-    if raw is None:
+    """The valid list as rule owner keys (hostport.attachment_key); None: no list sent."""
+    valid = skel.valid_attachments(config)
+    if valid is None:
         return None
-    if not isinstance(raw, list) or not all(
-            isinstance(a, dict) and isinstance(a.get("containerID"), str) for a in raw):
-        raise invalid_config("cni.dev/valid-attachments", raw,
-                             "must be a list of {containerID, ifname}")
-    return {hostport.attachment_key(a["containerID"], str(a.get("ifname", ""))) for a in raw}
+    return {hostport.attachment_key(cid, ifname) for cid, ifname in valid}
 
 
 # --- helpers ----------------------------------------------------------------------------------
