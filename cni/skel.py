@@ -62,7 +62,7 @@ class Request:
 
     @property
     def network(self) -> str:
-        return self.config.get("name", "")
+        return self.config.get("name", "")  # run() refused a name that is not a string
 
     @property
     def runtime_config(self) -> dict[str, Any]:
@@ -216,10 +216,12 @@ def _gate(command: str, version: str) -> None:
 
 def _check_name(config: dict) -> None:
     """The network name becomes a path (host-local store, cache): same rule as container IDs."""
-    name = config.get("name")
-    if name is None:
+    if "name" not in config:
         return
-    if not isinstance(name, str) or not _ID_RE.match(name):
+    name = config["name"]
+    if not isinstance(name, str):  # null too: the pydantic-checked plugins refuse it the same way
+        raise invalid_config("name", name, "must be a string")
+    if not _ID_RE.match(name):
         raise CNIError(Code.INVALID_CONFIG, "invalid characters found in network name",
                        str(name))
 

@@ -260,6 +260,17 @@ def test_del_after_add_killed_before_the_redirect_removes_the_bare_ingress(plugi
     assert_untouched(host, w)
 
 
+def test_null_network_name_is_refused_before_anything_is_made(plugins, host, pod) -> None:
+    """Found by the fuzz: "name": null crashed the ifb naming (999 + traceback)."""
+    w = wire(host, pod, 1)
+    cfg = conf(name=None, **runtime_bw(None, (20 * MBIT, 160_000)))
+    code, out, err = plugins.exec("bandwidth", "ADD", cfg | {"prevResult": w.prev_result()},
+                                  netns=pod.path)
+    assert code == 1 and out["code"] == 7 and out["msg"] == "invalid name null: must be a string"
+    assert "Traceback" not in err
+    assert_untouched(host, w)
+
+
 def test_check_compares_kernel_state(plugins, host, pod) -> None:
     w = wire(host, pod, 1)
     cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
