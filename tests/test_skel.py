@@ -85,10 +85,12 @@ def test_verbs_gated_by_version(command, version) -> None:
     assert out["cniVersion"] == version
 
 
-def test_bad_prev_result_is_a_decode_error() -> None:
-    conf = b'{"cniVersion":"1.0.0","name":"n","prevResult":{"ips":[{"address":"x"}]}}'
-    out = error_of(skel.run("loopback", ENV, conf))
-    assert out["code"] == 6
+@pytest.mark.parametrize("prev", [b'{"ips":[{"address":"x"}]}',
+                                  b'{"ips":true}', b'{"ips":5}'])  # the last two: long fuzz
+def test_bad_prev_result_is_a_decode_error(prev: bytes) -> None:
+    conf = b'{"cniVersion":"1.0.0","name":"n","prevResult":' + prev + b'}'
+    reply = skel.run("loopback", ENV, conf)
+    assert error_of(reply)["code"] == 6 and b"Traceback" not in reply.stderr
 
 
 def test_unexpected_exception_is_999_without_traceback_on_stdout(monkeypatch) -> None:

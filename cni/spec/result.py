@@ -101,8 +101,11 @@ def to_current(obj: Any, version: str) -> Result:
         isinstance(i, dict) and isinstance(i.get("name"), str) for i in interfaces
     ):
         raise _bad("interfaces must be a list of objects with a name")
+    given = obj.get("ips")
+    if given is not None and not isinstance(given, list):
+        raise _bad("ips must be a list")
     ips = []
-    for ip in obj.get("ips") or []:
+    for ip in given or []:
         if not isinstance(ip, dict) or not isinstance(ip.get("address"), str):
             raise _bad(f"ip without address: {ip!r}")
         _family(ip["address"])
