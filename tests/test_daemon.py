@@ -525,3 +525,21 @@ def test_concurrent_requests_all_answer(host, netns_factory, start_daemon) -> No
         t.join()
     assert results == [0] * len(pods)
     daemon.wait_served(len(pods))
+
+
+def test_systemd_hears_ready_once_served_and_stopping_on_sigterm(host, pod, plugins, start_daemon,
+                                                                 tmp_path, monkeypatch) -> None:
+    """conf/pycni.service is Type=notify: READY=1 must mean requests go through the daemon."""
+    path = tmp_path / "notify"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind(str(path))
+        notify.settimeout(60)
+        monkeypatch.setenv("NOTIFY_SOCKET", str(path))  # as systemd passes it
+        daemon = start_daemon(host)
+        ready = notify.recv(4096).decode()
+        assert ready.startswith("READY=1\n") and f"MAINPID={daemon.proc.pid}" in ready, ready
+        plugins.ok("loopback", "ADD", LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
+        daemon.wait_served(1)
+        daemon.proc.send_signal(signal.SIGTERM)
+        assert notify.recv(4096).decode().startswith("STOPPING=1\n")
+        daemon.proc.wait(30)

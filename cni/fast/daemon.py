@@ -240,6 +240,7 @@ class Server:
         self.sel.register(self.listener, selectors.EVENT_READ, self._accept)
         self.sel.register(self.wake_r, selectors.EVENT_READ, self._wake)
         log.info("pycni daemon %d listening on %s", os.getpid(), _name(self.listener))
+        sd_notify(f"READY=1\nSTATUS=serving on {_name(self.listener)}\nMAINPID={os.getpid()}")
         while not (self.stopping and not self.jobs):
             for key, _ in self.sel.select(self._next_timeout()):
                 key.data(key.fileobj)
@@ -277,6 +278,7 @@ class Server:
         if not self.signals or self.stopping:
             return
         log.info("pycni daemon: stopping, finishing %d running requests", len(self.jobs))
+        sd_notify(f"STOPPING=1\nSTATUS=finishing {len(self.jobs)} running requests")
         self.stopping = True
         self._close_listener()
         for fd in list(self.pending):
@@ -782,6 +784,24 @@ def _name(sock: socket.socket) -> str:
 
 
 # --- entry ----------------------------------------------------------------------------------------
+
+def sd_notify(state: str, environ: dict[str, str] | None = None) -> bool:
+    """Tell systemd (Type=notify) how we are: READY=1 once the listener is served, so units
+    ordered after pycni.service start when requests go through. No NOTIFY_SOCKET: no-op."""
+    env = os.environ if environ is None else environ
+    address = env.get("NOTIFY_SOCKET", "")
+    if not address.startswith(("/", "@")):
+        return False
+    if address.startswith("@"):  # abstract namespace
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.sendto(state.encode(), address)
+    except OSError as e:
+        log.warning("sd_notify: %s", e)
+        return False
+    return True
+
 
 def run_daemon(opts: Options, runner: Runner | None = None) -> int:
     """Listen (inherited or bound), import the heavy modules once, serve until SIGTERM."""
