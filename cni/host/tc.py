@@ -178,8 +178,19 @@ def add_redirect(ipr: IPRoute, index: int, target: int) -> None:
 
 def redirect_targets(ipr: IPRoute, index: int) -> list[int]:
     """Ifindexes the link's ingress filters redirect to (mirred actions)."""
+    return _mirred_targets(ipr.get_filters(index=index, parent=INGRESS_HANDLE))
+
+
+def ingress_is_for(ipr: IPRoute, index: int, target: int) -> bool:
+    """Whether the link's ingress qdisc belongs to a redirect to `target`: it redirects there,
+    or it has no filter at all (an ADD killed between the qdisc and its redirect leaves that)."""
+    filters = list(ipr.get_filters(index=index, parent=INGRESS_HANDLE))
+    return target in _mirred_targets(filters) if filters else has_ingress(ipr, index)
+
+
+def _mirred_targets(filters) -> list[int]:
     targets = []
-    for f in ipr.get_filters(index=index, parent=INGRESS_HANDLE):
+    for f in filters:
         opts = f.get_attr("TCA_OPTIONS")
         acts = opts.get_attr("TCA_U32_ACT") if opts is not None else None
         for act in (acts.get("attrs", []) if acts is not None else []):
@@ -188,11 +199,6 @@ def redirect_targets(ipr: IPRoute, index: int) -> list[int]:
             if parms is not None:
                 targets.append(parms["ifindex"])
     return targets
-
-
-def bare_ingress(ipr: IPRoute, index: int) -> bool:
-    """An ingress qdisc without filters: an ADD killed before its redirect leaves one."""
-    return has_ingress(ipr, index) and not list(ipr.get_filters(index=index, parent=INGRESS_HANDLE))
 
 
 def delete_root(ipr: IPRoute, index: int) -> None:

@@ -280,10 +280,8 @@ def _delete(req: Request) -> None:
     veth = _host_veth_if_any(req)
     with netns.iproute() as ipr:
         index = ifb.lookup(ipr, name)
-        # Our ifb exists, so the ingress qdisc is ours if it redirects to it, or if it is still
-        # bare: an ADD killed between creating the qdisc and adding the redirect left it so.
-        if veth is not None and index is not None and (
-                index in tc.redirect_targets(ipr, veth.index) or tc.bare_ingress(ipr, veth.index)):
+        # Our ifb exists, so the ingress qdisc is ours if it redirects to it or is still bare.
+        if veth is not None and index is not None and tc.ingress_is_for(ipr, veth.index, index):
             tc.delete_ingress(ipr, veth.index)
         if veth is not None and limits_or_none(req) and tc.root_kind(ipr, veth.index) == "tbf":
             tc.delete_root(ipr, veth.index)
