@@ -65,9 +65,7 @@ def add(req: Request) -> Result:
 
 def delete(req: Request) -> None:
     parse_config(req, for_del=True)
-    found = {family: _ours(req, {family}) for family in hostport.NFT_FAMILY}
-    _apply(lambda: nft.delete_rules_script(_ours(req, set(hostport.NFT_FAMILY))),
-           first=nft.delete_rules_script([r for f in sorted(found) for r in found[f]]))
+    found = _delete_found(lambda family: _ours(req, {family}))
     for family, rules in found.items():
         _flush_udp(req, family, hostport.udp_host_ports(rules))
 
@@ -107,11 +105,7 @@ def gc(req: Request) -> None:
         key = hostport.owner_in_network(comment, req.network)
         return key is not None and key not in valid
 
-    found = {f: hostport.container_rules_found(_listed(f), stale) for f in hostport.NFT_FAMILY}
-    _apply(lambda: nft.delete_rules_script(
-        [r for f in hostport.NFT_FAMILY
-         for r in hostport.container_rules_found(_listed(f), stale)]),
-        first=nft.delete_rules_script([r for f in hostport.NFT_FAMILY for r in found[f]]))
+    found = _delete_found(lambda family: hostport.container_rules_found(_listed(family), stale))
     for family, rules in found.items():
         _flush_udp(req, family, hostport.udp_host_ports(rules))
 
@@ -242,11 +236,24 @@ def _ours(req: Request, families: set[int]) -> list[dict[str, Any]]:
         _listed(f), lambda c: c in (comment, req.container_id))]
 
 
-def _apply(script: Callable[[], str], first: str | None = None) -> None:
-    """Run the batch built from a fresh listing; rebuild and retry if it raced another.
-    `first`: the batch already built from a listing just made (saves listing twice)."""
+def _delete_found(find: Callable[[int], list[dict[str, Any]]]) -> dict[int, list[dict[str, Any]]]:
+    """Delete in one batch the rules `find` picks from each family's listing, and return them
+    (for the UDP conntrack flush). The first batch uses those listings; a retry lists again."""
+    found = {family: find(family) for family in hostport.NFT_FAMILY}
+    listings = iter([found])
+
+    def script() -> str:
+        rules = next(listings, None) or {family: find(family) for family in hostport.NFT_FAMILY}
+        return nft.delete_rules_script([r for family in rules for r in rules[family]])
+
+    _apply(script)
+    return found
+
+
+def _apply(script: Callable[[], str]) -> None:
+    """Run the batch built from a fresh listing; rebuild and retry if it raced another."""
     for attempt in range(_RETRIES):
-        text = first if attempt == 0 and first is not None else script()
+        text = script()
         if not text:
             return
         try:
