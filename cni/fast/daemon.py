@@ -37,15 +37,13 @@ from cni.fast import protocol as proto
 
 log = logging.getLogger("pycni.daemon")
 
-HEAVY_MODULES = ("pyroute2", "pyroute2.iproute", "pydantic", "netaddr", "nftables",
-                 "cni.skel", "cni.spec.result", "cni.spec.config", "cni.host.netns",
-                 "cni.host.links", "cni.host.nft", "cni.ipam.delegate")
+HEAVY_MODULES = ("pyroute2", "pyroute2.iproute", "pydantic", "netaddr", "nftables", "cni.skel")
 # Imported inside functions on the request path: imported here, or every child pays for it
 # (bandwidth's tc/ifb/peer alone cost ~3 ms a request: module bodies, dataclass builds).
 LAZY_MODULES = ("pyroute2.conntrack", "pyroute2.netlink.exceptions",
                 "pyroute2.netlink.nfnetlink.nfctsocket", "pyroute2.netlink.rtnl.tcmsg",
                 "traceback")
-PACKAGES = ("cni.spec", "cni.host", "cni.ipam", "cni.plugins")  # every module in them
+PACKAGES = ("cni.spec", "cni.host", "cni.ipam", "cni.plugins")  # every module in them, too
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
 EXIT_NOT_STARTED = 75  # the child could not ACK (the shim is gone): nothing ran
