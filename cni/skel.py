@@ -10,11 +10,13 @@ from __future__ import annotations
 import io
 import json
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cni import __version__
+from cni import __version__, deleted
+from cni.spec import keys
 from cni.spec import version as versions
 from cni.spec.errors import CNIError, Code, invalid_config
 
@@ -28,6 +30,11 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
 }
 _ID_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
 MAX_STDIN = 16 * 1024 * 1024
+# GC's list of still-valid attachments: the spec's key, and the one libcni also sends (#1101).
+VALID_ATTACHMENT_KEYS = ("cni.dev/valid-attachments", "cni.dev/attachments")
+# The keys every plugin config may carry (the reference's types.NetConf), found however cased.
+COMMON_KEYS = ("cniVersion", "name", "type", "capabilities", "ipam", "dns", "args",
+               "runtimeConfig", "prevResult", *VALID_ATTACHMENT_KEYS)
 
 
 @dataclass
@@ -65,9 +72,11 @@ class Request:
         return self.config.get("name", "")  # run() refused a name that is not a string
 
     @property
-    def runtime_config(self) -> dict[str, Any]:
+    def runtime_config(self) -> keys.Keys:
+        """The capability args, their names found however cased (containerd's CRI capitalises
+        the keys inside them; each plugin matches those with cni.spec.keys too)."""
         value = self.config.get("runtimeConfig")
-        return value if isinstance(value, dict) else {}
+        return keys.match(value if isinstance(value, dict) else {}, keys.CAPABILITIES)
 
     @property
     def netns_target(self) -> int | str:
@@ -91,8 +100,10 @@ def run(plugin: str, env: Mapping[str, str], stdin: bytes, netns: int | None = N
             raise CNIError(Code.INVALID_ENV, f"unknown CNI_COMMAND: {command}")
         if command == "VERSION":
             return Reply(version_info(plugin, stdin).encode(), b"", 0)
+        if deleted.already_clean(plugin, env, time.time()):  # containerd's second DEL
+            return Reply(b"", b"", 0)
         _check_env(command, env)
-        config = decode_config(stdin)
+        config = keys.match(decode_config(stdin), COMMON_KEYS)
         version = config.get("cniVersion")
         if version is None or version == "":  # as the reference's decoder: absent means 0.1.0
             version = versions.DEFAULT_IF_MISSING
@@ -135,7 +146,11 @@ def dispatch(req: Request) -> str:
         if req.command in ("GC", "STATUS"):
             return ""  # nothing to collect, always available
         raise CNIError(Code.INTERNAL, f"{req.plugin} has no {req.command}")
+    if req.command == "ADD":
+        deleted.forget(req.plugin, req.container_id, req.ifname)
     result = fn(req)
+    if req.command == "DEL":
+        deleted.mark(req.plugin, req.container_id, req.ifname, time.time())
     if req.command != "ADD":
         return ""
     from cni.spec.result import from_current
@@ -250,9 +265,6 @@ def validate_ifname(name: str) -> None:
                        "interface name contains / or : or whitespace characters", name)
 
 
-# GC's list of still-valid attachments: the spec's key, and the one libcni also sends (#1101).
-VALID_ATTACHMENT_KEYS = ("cni.dev/valid-attachments", "cni.dev/attachments")
-
 
 def valid_attachments(config: Mapping[str, Any]) -> set[tuple[str, str]] | None:
     """GC's (containerID, ifname) pairs; None when the runtime sent no list (libcni omits it for
@@ -266,8 +278,8 @@ def valid_attachments(config: Mapping[str, Any]) -> set[tuple[str, str]] | None:
         raise invalid_config(key, items, "must be a list of {containerID, ifname}")
     out = set()
     for i, item in enumerate(items):
-        cid = item.get("containerID") if isinstance(item, dict) else None
-        ifname = item.get("ifname") if isinstance(item, dict) else None
+        cid = keys.get(item, "containerID") if isinstance(item, dict) else None
+        ifname = keys.get(item, "ifname") if isinstance(item, dict) else None
         if not isinstance(cid, str) or not isinstance(ifname, str):
             raise invalid_config(f"{key}[{i}]", item, "needs string containerID and ifname")
         out.add((cid, ifname))

@@ -22,6 +22,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr
 from cni.host import addrs, bridge, links, masq, netns, routes, spoofchk, veth
 from cni.ipam import delegate as ipam
 from cni.skel import Request, valid_attachments, validate_ifname
+from cni.spec import keys
 from cni.spec.config import Model, PluginConf, parse
 from cni.spec.errors import CNIError, Code, invalid_config, unsupported
 from cni.spec.result import Result
@@ -60,7 +61,7 @@ class NetConf(PluginConf):
 
     @property
     def ipam_type(self) -> str:
-        value = (self.ipam or {}).get("type", "")
+        value = keys.get(self.ipam or {}, "type", "")
         return value if isinstance(value, str) else ""
 
 
@@ -69,7 +70,9 @@ class NetConf(PluginConf):
 def load(req: Request, strict: bool = True) -> NetConf:
     """Parse and validate the config (the reference's loadNetConf). With strict=False (DEL, GC,
     STATUS) only types are checked: a config ADD would refuse must still be deletable."""
-    conf = parse(NetConf, {k: v for k, v in req.config.items() if k not in ("mac", "vlans")})
+    derived = ("mac", "vlans")  # fields load() fills in, never read from the config
+    conf = parse(NetConf, {k: v for k, v in req.config.items()
+                           if not (isinstance(k, str) and keys.fold(k) in derived)})
     if not strict:
         return conf
     validate_ifname_key("bridge", conf.bridge)
@@ -121,9 +124,9 @@ def collect_vlan_trunk(trunks: list[VlanTrunk] | None) -> list[int]:
 def container_mac(req: Request, conf: NetConf) -> str:
     """runtimeConfig.mac > args.cni.mac > CNI_ARGS MAC= (the reference's precedence)."""
     mac = cni_args_mac(req)
-    cni = (conf.args or {}).get("cni")
-    if isinstance(cni, dict) and cni.get("mac"):
-        mac = check_mac("args.cni.mac", cni["mac"])
+    cni = keys.get(conf.args or {}, "cni")
+    if isinstance(cni, dict) and keys.get(cni, "mac"):
+        mac = check_mac("args.cni.mac", keys.get(cni, "mac"))
     if req.runtime_config.get("mac"):
         mac = check_mac("runtimeConfig.mac", req.runtime_config["mac"])
     return mac

@@ -18,6 +18,7 @@ from cni import skel
 from cni.host import conntrack, hostport, nft
 from cni.host.hostport import Mapping
 from cni.skel import Request
+from cni.spec import keys
 from cni.spec.config import PluginConf, parse
 from cni.spec.errors import CNIError, Code, invalid_config, unsupported
 from cni.spec.result import Result
@@ -151,20 +152,26 @@ def parse_mappings(raw: Any) -> list[Mapping]:
     return [_mapping(i, entry) for i, entry in enumerate(raw)]
 
 
-def _mapping(i: int, entry: Any) -> Mapping:
+MAPPING_KEYS = ("hostPort", "containerPort", "protocol", "hostIP")
+
+
+def _mapping(i: int, raw: Any) -> Mapping:
     key = f"runtimeConfig.portMappings[{i}]"
-    if not isinstance(entry, dict):
-        raise invalid_config(key, entry, "must be an object")
+    if not isinstance(raw, dict):
+        raise invalid_config(key, raw, "must be an object")
+    # containerd's CRI sends HostPort, ContainerPort, Protocol, HostIP: Go structs without tags.
+    entry = keys.match(raw, MAPPING_KEYS)
     for port_key in ("hostPort", "containerPort"):
         port = entry.get(port_key)
         if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-            raise invalid_config(f"{key}.{port_key}", port, "must be a port number 1-65535")
+            raise invalid_config(f"{key}.{entry.written(port_key)}", port,
+                                 "must be a port number 1-65535")
     proto = entry.get("protocol")
     if not isinstance(proto, str) or proto.lower() not in hostport.PROTOCOLS:
-        raise invalid_config(f"{key}.protocol", proto,
+        raise invalid_config(f"{key}.{entry.written('protocol')}", proto,
                              f"must be one of {', '.join(hostport.PROTOCOLS)}")
     return Mapping(entry["hostPort"], entry["containerPort"], proto.lower(),
-                   _host_ip(f"{key}.hostIP", entry.get("hostIP")))
+                   _host_ip(f"{key}.{entry.written('hostIP')}", entry.get("hostIP")))
 
 
 def _host_ip(key: str, value: Any) -> str:

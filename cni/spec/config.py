@@ -10,8 +10,9 @@ import json
 import re
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from cni.spec import keys
 from cni.spec.errors import CNIError, Code
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
@@ -19,9 +20,15 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class Model(BaseModel):
-    """Base for config models: unknown keys are kept and ignored (runtimes add their own)."""
+    """Base for config models: unknown keys are kept and ignored (runtimes add their own);
+    known keys are found however they are cased, as Go's decoder finds them (cni.spec.keys)."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_keys(cls, data: Any) -> Any:
+        return keys.match(data, cls.model_fields) if isinstance(data, dict) else data
 
 
 class DNS(Model):
@@ -72,7 +79,8 @@ def parse(model: type[M], data: Any, prefix: str = "") -> M:
 
 def _to_cni(e: ValidationError, data: Any, prefix: str) -> CNIError:
     first = e.errors(include_url=False)[0]
-    loc = ".".join(str(p) for p in (*([prefix] if prefix else []), *first["loc"]))
+    path = keys.written_path(data, first["loc"])  # the key as the user cased it
+    loc = ".".join(str(p) for p in (*([prefix] if prefix else []), *path))
     value = first.get("input")
     msg = first["msg"].removeprefix("Value error, ")
     shown = json.dumps(value, default=str)
