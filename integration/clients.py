@@ -259,6 +259,29 @@ class Containerd:
         """What a subclass tears down while containerd still runs."""
 
 
+PAUSE_IMAGE = "localhost/pycni-pause:test"  # CRI's sandbox_image: busybox sleeping forever
+PAUSE_CMD = ("/bin/sleep", "2147483647")
+
+
+def cri_conflist(reference: bool = False) -> dict[str, Any]:
+    """The pod chain a CRI node runs: conf/10-pycni.conflist at 1.0.0 (containerd 1.6's libcni
+    knows no later), without loopback (CRI adds its own) and without ipam's default route:
+    isDefaultGateway adds that already, and the reference bridge fails ADD on the duplicate
+    ("failed to add route ... file exists"). For the reference, without `backend`: theirs is
+    iptables."""
+    conf = json.loads((ROOT / "conf" / "10-pycni.conflist").read_text())
+    conf["cniVersion"] = "1.0.0"
+    conf["plugins"] = [p for p in conf["plugins"] if p["type"] != "loopback"]
+    bridge = conf["plugins"][0]
+    assert bridge["type"] == "bridge" and bridge["isDefaultGateway"], bridge
+    bridge["ipam"].pop("routes", None)
+    if reference:
+        for p in conf["plugins"]:
+            p.pop("backend", None)
+            p.pop("ipMasqBackend", None)
+    return conf
+
+
 class CRIContainerd(Containerd):
     """A private containerd with its CRI plugin on, as a kubelet node runs it: CNI from bin_dir
     and conf_dir (the runtime execs the plugins with its own environment, so env reaches them:

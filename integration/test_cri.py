@@ -12,10 +12,10 @@ Everything runs on a throwaway node (its own netns and mount ns; integration/cli
 from __future__ import annotations
 
 import contextlib
-import copy
 import ipaddress
 import json
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,11 +23,14 @@ from typing import Any
 
 import pytest
 from clients import (
+    PAUSE_CMD,
+    PAUSE_IMAGE,
     CRIContainerd,
     Node,
     PycniDaemon,
     build_image,
     cleanup,
+    cri_conflist,
     install,
     leftovers,
     need,
@@ -36,8 +39,6 @@ from clients import (
 from cnitest import REFERENCE_BIN, Netns
 
 pytestmark = pytest.mark.root
-ROOT = Path(__file__).resolve().parent.parent
-PAUSE = "localhost/pycni-pause:test"
 HTTPD = "localhost/pycni-busybox:test"  # conftest's oci_image
 NODE_ADDR = "192.0.2.30"  # the node's own address (on its lo); hostPort traffic goes to it
 HOST_PORT = 8080
@@ -45,29 +46,11 @@ RATE = 1_000_000  # "1M" in the annotations: bit/s
 BODY = "hello from pycni\n"  # busybox_rootfs's /www/index.html
 
 
-def conflist(side: str) -> dict[str, Any]:
-    """conf/10-pycni.conflist at 1.0.0 (containerd 1.6's libcni knows no later) without
-    loopback (CRI adds its own) and without ipam's default route: isDefaultGateway adds that
-    already, and the reference bridge fails ADD on the duplicate ("failed to add route ...
-    file exists"). For the reference, without `backend` (theirs: iptables)."""
-    conf = json.loads((ROOT / "conf" / "10-pycni.conflist").read_text())
-    conf["cniVersion"] = "1.0.0"
-    conf["plugins"] = [p for p in conf["plugins"] if p["type"] != "loopback"]
-    conf["plugins"][0]["ipam"].pop("routes", None)
-    assert conf["plugins"][0]["isDefaultGateway"]
-    if side == "reference":
-        conf = copy.deepcopy(conf)
-        for p in conf["plugins"]:
-            p.pop("backend", None)
-            p.pop("ipMasqBackend", None)
-    return conf
-
-
 @pytest.fixture(scope="module")
 def pause_image(tmp_path_factory) -> Path:
     """CRI's sandbox_image: busybox sleeping forever (no registry: nothing is pulled)."""
     need("buildah")
-    return build_image(tmp_path_factory.mktemp("pause"), PAUSE, cmd=("/bin/sleep", "2147483647"))
+    return build_image(tmp_path_factory.mktemp("pause"), PAUSE_IMAGE, cmd=PAUSE_CMD)
 
 
 @contextlib.contextmanager
@@ -101,12 +84,20 @@ def links_of_kind(node_netns: Netns, kind: str) -> list[dict[str, Any]]:
             if link.get("linkinfo", {}).get("info_kind") == kind]
 
 
-def rules_naming(node: Node, *words: str) -> list[str]:
-    """Lines of the node's nftables ruleset and iptables (v4, v6) dumps that name a word."""
+def firewall(node: Node) -> list[str]:
+    """The node's nftables ruleset and iptables (v4, v6) dumps, line by line."""
     dumps = [node.run("nft", "list", "ruleset").stdout]
     dumps += [node.run(tool, check=False).stdout for tool in ("iptables-save", "ip6tables-save")]
-    return [line for text in dumps for line in text.splitlines()
-            if any(w in line for w in words)]
+    return [line for text in dumps for line in text.splitlines()]
+
+
+def rules_naming(node: Node, *words: str) -> list[str]:
+    return [line for line in firewall(node) if any(w in line for w in words)]
+
+
+# The reference's per-pod iptables chains are named by a hash, not the pod: CNI-<24 hex>
+# (bridge's masquerade) and CNI-DN-<24 hex> (portmap's DNAT).
+POD_CHAIN = re.compile(r"\bCNI-(DN-)?[0-9a-f]{24}\b")
 
 
 @pytest.mark.parametrize("side", ["pycni", "reference"])
@@ -115,7 +106,7 @@ def test_kubelet_pod_through_containerd_cri(side, node_netns, oci_image, pause_i
     need("containerd", "ctr", "runc", "nsenter", "unshare", "curl", "tc", "iptables-save")
     from cri.client import CRIClient, PortMap
 
-    conf = conflist(side)
+    conf = cri_conflist(reference=side == "reference")
     if side == "pycni":
         bin_dir, conf_dir = install(tmp_path / "cni", conf)
     else:
@@ -131,14 +122,14 @@ def test_kubelet_pod_through_containerd_cri(side, node_netns, oci_image, pause_i
     with cleanup(node.stop), cgroup_parent() as cgroup:
         daemon = PycniDaemon(node, tmp_path / "daemon") if side == "pycni" else None
         ctrd = CRIContainerd(node, tmp_path / "containerd", cni_bin=bin_dir, cni_conf=conf_dir,
-                             sandbox_image=PAUSE, env=daemon.env if daemon else None)
+                             sandbox_image=PAUSE_IMAGE, env=daemon.env if daemon else None)
         with cleanup(ctrd.stop, *([daemon.stop] if daemon else [])):
             ctrd.ctr("images", "import", str(pause_image))
             ctrd.ctr("images", "import", str(oci_image))
             with CRIClient(str(ctrd.sock)) as cri:
                 info = cri.wait_ready()
                 assert info["runtime_name"] == "containerd", info
-                cri.wait_image(PAUSE)
+                cri.wait_image(PAUSE_IMAGE)
                 cri.wait_image(HTTPD)
 
                 # ---- what kubelet does to start a pod with a hostPort and bandwidth limits
@@ -186,6 +177,8 @@ def test_kubelet_pod_through_containerd_cri(side, node_netns, oci_image, pause_i
                 assert len(ifbs) == 1, ifbs
                 assert tbf_rates(node_netns, ifbs[0]["ifname"]) == [RATE // 8]
                 assert rules_naming(node, ip)  # the DNAT to the pod exists somewhere
+                if side == "reference":  # what the leak check looks for after removal
+                    assert any(POD_CHAIN.search(line) for line in firewall(node))
                 if daemon:  # the plugins containerd exec'd went through the daemon
                     assert daemon.served() > 0, daemon.log.read_text()
 
@@ -198,5 +191,6 @@ def test_kubelet_pod_through_containerd_cri(side, node_netns, oci_image, pause_i
                     if i["ifname"].startswith("bwp")] == []
             assert not cache.exists()
             assert rules_naming(node, pod.id, ip) == []
+            assert [line for line in firewall(node) if POD_CHAIN.search(line)] == []
             assert http_get(node, NODE_ADDR, HOST_PORT) == ""
             assert not ctrd.netns_dir.exists() or list(ctrd.netns_dir.iterdir()) == []
