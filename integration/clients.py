@@ -15,6 +15,7 @@ import functools
 import json
 import os
 import resource
+import secrets
 import shutil
 import signal
 import subprocess
@@ -338,6 +339,23 @@ class CRIContainerd(Containerd):
             for pod_id in client.pod_ids():
                 with contextlib.suppress(Exception):
                     client.stop_remove(pod_id)
+
+
+@contextlib.contextmanager
+def cgroup_parent() -> Iterator[str]:
+    """A pod cgroup parent of our own, as kubelet passes one (without one CRI puts pods under
+    /k8s.io in every hierarchy); removed, once empty, afterwards."""
+    name = f"pycni-cri-{secrets.token_hex(4)}"
+    try:
+        yield f"/{name}"
+    finally:
+        for top in Path("/sys/fs/cgroup").iterdir():
+            d = top / name
+            if d.is_dir():
+                for sub, _, _ in sorted(os.walk(d), key=lambda w: -len(w[0])):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(sub)
+
 
 
 class PycniDaemon:

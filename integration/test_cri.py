@@ -11,13 +11,9 @@ Everything runs on a throwaway node (its own netns and mount ns; integration/cli
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import json
-import os
 import re
-import secrets
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +25,7 @@ from clients import (
     Node,
     PycniDaemon,
     build_image,
+    cgroup_parent,
     cleanup,
     cri_conflist,
     install,
@@ -51,21 +48,6 @@ def pause_image(tmp_path_factory) -> Path:
     """CRI's sandbox_image: busybox sleeping forever (no registry: nothing is pulled)."""
     need("buildah")
     return build_image(tmp_path_factory.mktemp("pause"), PAUSE_IMAGE, cmd=PAUSE_CMD)
-
-
-@contextlib.contextmanager
-def cgroup_parent() -> Iterator[str]:
-    """A pod cgroup parent of our own, as kubelet passes one; removed (if empty) afterwards."""
-    name = f"pycni-cri-{secrets.token_hex(4)}"
-    try:
-        yield f"/{name}"
-    finally:
-        for top in Path("/sys/fs/cgroup").iterdir():
-            d = top / name
-            if d.is_dir():
-                for sub, _, _ in sorted(os.walk(d), key=lambda w: -len(w[0])):
-                    with contextlib.suppress(OSError):
-                        os.rmdir(sub)
 
 
 def http_get(node: Node, addr: str, port: int) -> str:
