@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ import pytest
 from clients import (
     PAUSE_CMD,
     PAUSE_IMAGE,
+    ROOT,
+    VENV_PY,
     CRIContainerd,
     Node,
     PycniDaemon,
@@ -48,6 +51,14 @@ def pause_image(tmp_path_factory) -> Path:
     """CRI's sandbox_image: busybox sleeping forever (no registry: nothing is pulled)."""
     need("buildah")
     return build_image(tmp_path_factory.mktemp("pause"), PAUSE_IMAGE, cmd=PAUSE_CMD)
+
+
+def cli(sock: Path, *args: str) -> Any:
+    """`python -m integration.cri.client --socket SOCK ...`, its JSON answer."""
+    proc = subprocess.run([str(VENV_PY), "-m", "integration.cri.client", "--socket", str(sock),
+                           *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
 
 
 def http_get(node: Node, addr: str, port: int) -> str:
@@ -130,6 +141,8 @@ def test_kubelet_pod_through_containerd_cri(side, node_netns, oci_image, pause_i
                 ip, more = cri.pod_ip(pod.id)
                 assert ipaddress.ip_address(ip) in subnet, (ip, more)
                 assert more == []
+                # the client's CLI (the VM scenario's scripts use it) says the same
+                assert cli(ctrd.sock, "ip", pod.id) == {"ip": ip, "additional_ips": []}
 
                 # host-local's reservation, in the node's /var/lib/cni
                 reservation = state / "networks" / conf["name"] / ip

@@ -200,13 +200,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--port", action="append", default=[], metavar="HOST:CONTAINER[/PROTO]")
     run.add_argument("--annotation", action="append", default=[], metavar="KEY=VALUE")
     run.add_argument("--log-dir", default="")
-    run.add_argument("--image", help="also CreateContainer + StartContainer with this image")
-    run.add_argument("command", nargs="*", help="the container's command")
+    run.add_argument("--image", help="also CreateContainer + StartContainer with this image, "
+                     "running the command after `--`")
     ip = sub.add_parser("ip", help="PodSandboxStatus: the pod's IPs")
     ip.add_argument("pod")
     rm = sub.add_parser("rm", help="StopPodSandbox + RemovePodSandbox")
     rm.add_argument("pod")
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # argparse mishandles `--` after a subcommand's options: split the container command off
+    command = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
 
     with CRIClient(args.socket) as client:
         if args.cmd == "version":
@@ -221,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pod = client.run_pod(args.name, port_mappings=ports, annotations=annotations,
                                  log_directory=args.log_dir)
             if args.image:
-                client.create_start(pod, args.name, args.image, args.command)
+                client.create_start(pod, args.name, args.image, command)
             addr, more = client.pod_ip(pod.id)
             out = {"pod": pod.id, "containers": pod.containers, "ip": addr,
                    "additional_ips": more}
