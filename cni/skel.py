@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cni import __version__, deleted
+from cni import __version__, deleted, registry
 from cni.spec import keys, names
 from cni.spec import version as versions
 from cni.spec.errors import CNIError, Code, invalid_config
@@ -108,7 +108,7 @@ def run(plugin: str, env: Mapping[str, str], stdin: bytes, netns: int | None = N
         elif not isinstance(version, str):
             version = versions.CURRENT
             raise CNIError(Code.DECODING_FAILURE, "cniVersion must be a string")
-        versions.require_supported(version, supported(plugin))
+        versions.require_supported(version, versions.SUPPORTED)
         _gate(command, version)
         _check_name(config)
         req = Request(
@@ -164,8 +164,7 @@ def require_printable(result: dict | None, version: str) -> None:
 
 
 def load(plugin: str):
-    from cni.plugins import MODULES
-    name = MODULES.get(plugin)
+    name = registry.PLUGINS.get(plugin)
     if name is None:
         raise CNIError(Code.INTERNAL, f'unknown plugin "{plugin}"')
     import importlib
@@ -177,14 +176,9 @@ def load(plugin: str):
         raise
 
 
-def supported(plugin: str) -> tuple[str, ...]:
-    from cni.plugins import SUPPORTED_VERSIONS
-    return SUPPORTED_VERSIONS.get(plugin, versions.SUPPORTED)
-
-
 def about(plugin: str) -> str:
     return (f"CNI {plugin} plugin pycni {__version__}\n"
-            f"CNI protocol versions supported: {', '.join(supported(plugin))}\n")
+            f"CNI protocol versions supported: {', '.join(versions.SUPPORTED)}\n")
 
 
 def version_info(plugin: str, stdin: bytes) -> str:
@@ -196,7 +190,7 @@ def version_info(plugin: str, stdin: bytes) -> str:
             asked = value
     except (ValueError, AttributeError):
         pass
-    return json.dumps({"cniVersion": asked, "supportedVersions": list(supported(plugin))})
+    return json.dumps({"cniVersion": asked, "supportedVersions": list(versions.SUPPORTED)})
 
 
 def decode_config(stdin: bytes) -> dict[str, Any]:

@@ -115,10 +115,10 @@ class Job:
 
 def preimport(extra: tuple[str, ...] = ()) -> list[str]:
     """Import what requests need, once; returns what is missing (a plugin not written yet)."""
-    from cni.plugins import MODULES
+    from cni.registry import PLUGINS
 
     missing = []
-    for name in HEAVY_MODULES + tuple(MODULES.values()) + LAZY_MODULES + _modules_of(PACKAGES) \
+    for name in HEAVY_MODULES + tuple(PLUGINS.values()) + LAZY_MODULES + _modules_of(PACKAGES) \
             + extra:
         try:
             importlib.import_module(name)
@@ -612,9 +612,9 @@ def warm_up() -> None:
     """Touch what every request touches: skel, and a netlink socket (read-only, own netns)."""
     from cni import skel
     from cni.host import netns
-    from cni.plugins import MODULES
+    from cni.registry import PLUGINS
 
-    for plugin in MODULES:
+    for plugin in PLUGINS:
         skel.run(plugin, {"CNI_COMMAND": "VERSION"}, b'{"cniVersion":"1.0.0"}')
     try:
         with netns.iproute() as ipr:
