@@ -25,16 +25,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from cni import install as inst
+from cni.fast.protocol import DEFAULT_SOCKET, SOCKET_ENV
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "FAIL"
 CLONE_NEWNET = 0x40000000
 PROBE_TIMEOUT = 30.0
 STORE_DIR = Path("/var/lib/cni/networks")
 CACHE_DIR = Path("/var/lib/cni")
-try:  # the shim's own constants (stdlib-only module), so doctor checks the socket it would use
-    from cni.fast.protocol import DEFAULT_SOCKET, SOCKET_ENV
-except ImportError:  # pragma: no cover - an older tree without the daemon
-    DEFAULT_SOCKET, SOCKET_ENV = "/run/pycni/pycni.sock", "PYCNI_SOCKET"
 
 
 @dataclass
