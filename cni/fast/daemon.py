@@ -1,6 +1,6 @@
 """`pycni daemon`: a forkserver that has the heavy modules imported once.
 
-The parent imports pyroute2, pydantic, netaddr, nftables and every plugin module, then only
+The parent imports pyroute2, pydantic, nftables and every plugin module, then only
 accepts connections and reads requests (non-blocking, each with a deadline, so idle or slow
 clients block nobody). A complete request gets a forked child: it ACKs, enters the caller's mount
 and network namespaces and working directory, takes the caller's environment and umask, runs
@@ -37,7 +37,7 @@ from cni.fast import protocol as proto
 
 log = logging.getLogger("pycni.daemon")
 
-HEAVY_MODULES = ("pyroute2", "pyroute2.iproute", "pydantic", "netaddr", "nftables", "cni.skel")
+HEAVY_MODULES = ("pyroute2", "pyroute2.iproute", "pydantic", "nftables", "cni.skel")
 # Imported inside functions on the request path: imported here, or every child pays for it
 # (bandwidth's tc/ifb/peer alone cost ~3 ms a request: module bodies, dataclass builds).
 LAZY_MODULES = ("pyroute2.conntrack", "pyroute2.netlink.exceptions",
