@@ -73,6 +73,7 @@ class Pending:
     deadline: float
     buf: bytearray = field(default_factory=bytearray)
     fds: list[int] = field(default_factory=list)
+    peer: int = 0  # the client's pid (SO_PEERCRED), to tell a nested call
     refused: str = ""  # answered with this error once its request is in (so it reads it)
 
 
@@ -85,6 +86,7 @@ class Ready:
     fds: list[int]
     label: str  # "plugin COMMAND containerid", for logs and error messages
     key: tuple[str, str] | None  # (container ID, ifname): one request at a time per attachment
+    peer: int = 0  # the client's pid
     held: bool = False  # waiting for a request on the same attachment
 
 
@@ -225,7 +227,8 @@ class Server:
         self.pending: dict[int, Pending] = {}
         self.queue: deque[Ready] = deque()
         self.jobs: dict[int, Job] = {}
-        self.busy: dict[tuple[str, str], int] = {}  # attachment -> pid of its running job
+        # attachment -> pids of its running jobs: one, plus the nested calls it made itself
+        self.busy: dict[tuple[str, str], set[int]] = {}
         self.spares: dict[int, Spare] = {}
         self.stopping = False
         self.signals = 0  # SIGTERM/SIGINT seen; acted on in the loop, never inside the handler
@@ -319,7 +322,7 @@ class Server:
             conn.setblocking(False)
             if len(self.pending) >= self.opts.max_pending:
                 self._drop(next(iter(self.pending)))  # the oldest: most likely idle
-            p = Pending(conn, time.monotonic() + self.opts.read_timeout)
+            p = Pending(conn, time.monotonic() + self.opts.read_timeout, peer=pid)
             if uid != 0:
                 log.warning("refused a connection from pid %d uid %d (root only)", pid, uid)
                 p.refused = f"the pycni daemon serves root only (peer uid {uid})"
@@ -366,7 +369,8 @@ class Server:
         cid = env.get("CNI_CONTAINERID", "")
         self.queue.append(Ready(conn, data, p.fds,
                                 f"{plugin} {env.get('CNI_COMMAND', '?')} {cid}".rstrip(),
-                                (cid, env.get("CNI_IFNAME", "")) if cid else None))
+                                (cid, env.get("CNI_IFNAME", "")) if cid else None,
+                                peer=p.peer))
 
     def _unregister(self, fd: int) -> socket.socket:
         p = self.pending.pop(fd)
@@ -396,7 +400,7 @@ class Server:
                 self.queue.remove(ready)
                 _close_all(ready.fds)
                 ready.conn.close()
-            elif ready.key is not None and ready.key in self.busy:
+            elif ready.key is not None and ready.key in self.busy and not self._nested(ready):
                 if not ready.held:
                     log.debug("%s waits for the request running on its attachment",
                               ready.label)
@@ -404,6 +408,24 @@ class Server:
             else:
                 self.queue.remove(ready)
                 self._start(ready)
+
+    def _nested(self, ready: Ready) -> bool:
+        """Whether the request comes from inside a job running on its attachment (bridge
+        exec'ing a wrapper script around our host-local): that job waits for this one, so
+        holding this one until that job ends would deadlock. Its caller is alive (connected)
+        and the job unreaped, so neither pid can have been reused."""
+        assert ready.key is not None
+        owners = self.busy[ready.key]
+        pid = ready.peer
+        for _ in range(64):  # a bounded walk up the parent chain
+            if pid in owners:
+                log.debug("%s runs nested in its caller's request on the attachment",
+                          ready.label)
+                return True
+            pid = _parent(pid)
+            if pid <= 1:
+                return False
+        return False
 
     def _start(self, ready: Ready) -> None:
         stdin = proto.decode_request(ready.data)[2]
@@ -435,7 +457,7 @@ class Server:
                   ready.key)
         self.jobs[pid] = job
         if job.key is not None:
-            self.busy[job.key] = pid
+            self.busy.setdefault(job.key, set()).add(pid)
         # The caller sends nothing more: readable means it hung up (killed by its runtime).
         self.sel.register(job.conn, selectors.EVENT_READ, lambda _c, job=job: self._hangup(job))
 
@@ -511,8 +533,11 @@ class Server:
 
     def _finish(self, job: Job, code: int) -> None:
         log.debug("served %s (child exit %d)", job.label, code)
-        if job.key is not None and self.busy.get(job.key) == job.pid:
-            del self.busy[job.key]
+        owners = self.busy.get(job.key) if job.key is not None else None
+        if owners is not None:
+            owners.discard(job.pid)
+            if not owners:
+                del self.busy[job.key]
         if job.watched:
             self.sel.unregister(job.conn)
         if code not in (0, EXIT_NOT_STARTED) and not job.abandoned:
@@ -721,6 +746,19 @@ def _comm(pid: int) -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+def _parent(pid: int) -> int:
+    """The parent pid of `pid`; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat_line = f.read()
+    except OSError:
+        return 0
+    try:  # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+        return int(stat_line[stat_line.rindex(b")") + 2:].split(None, 2)[1])
+    except (ValueError, IndexError):
+        return 0
 
 
 def _peer_gone(conn: socket.socket) -> bool:
