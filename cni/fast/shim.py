@@ -20,8 +20,6 @@ MAX_STDIN = 16 * 1024 * 1024
 # How long a daemon may take to accept a request (it may be starting: socket activation).
 ACCEPT_TIMEOUT = 60.0
 _JSON_WS = b" \t\n\r"
-_CLONE_NEWNET = 0x40000000
-_NS_GET_NSTYPE = 0xB703
 
 Reply = tuple[bytes, bytes, int]  # stdout, stderr, exit code
 
@@ -187,17 +185,14 @@ def open_fds(netns: str) -> tuple[int, list[int]]:
 
 def open_netns(path: str) -> int | None:
     """CNI_NETNS as an fd if it is a network namespace; None leaves the error to the plugin."""
-    import fcntl
+    from cni.host import nsfd
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # never block on a FIFO
     except OSError:
         return None
-    try:
-        if fcntl.ioctl(fd, _NS_GET_NSTYPE) == _CLONE_NEWNET:
-            return fd
-    except OSError:
-        pass
+    if nsfd.is_netns(fd):
+        return fd
     os.close(fd)
     return None
 
