@@ -48,11 +48,11 @@ from driver import (  # noqa: E402
     run_plugin,
 )
 
-from cni.plugins import MODULES  # noqa: E402
+from cni import registry  # noqa: E402
 
 VENV_PY = ROOT / ".venv" / "bin" / "python"
 REFERENCE = Path("/usr/lib/cni")
-PLUGINS = ("loopback", "bridge", "host-local", "portmap", "bandwidth")
+PLUGINS = registry.NAMES
 CHAIN = ("loopback", "bridge", "portmap", "bandwidth")
 RESULTS = ROOT / "bench" / "RESULTS.md"
 CLONE_NEWNET = 0x40000000
@@ -104,7 +104,7 @@ class Lab:
 
 
 def implemented(plugin: str) -> bool:
-    return importlib.util.find_spec(MODULES[plugin]) is not None
+    return importlib.util.find_spec(registry.PLUGINS[plugin]) is not None
 
 
 def our_bin(tmp: Path) -> tuple[Path, str]:

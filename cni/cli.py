@@ -281,7 +281,7 @@ def _plugins_in_path(paths: list[str]) -> list[str]:
 main.add_command(lazy("install", "cni.install_cli:install", "Install the plugins and a conflist."))
 main.add_command(lazy("uninstall", "cni.install_cli:uninstall", "Remove what install wrote."))
 main.add_command(lazy("doctor", "cni.install_cli:doctor", "Check this host for what plugins need."))
-main.add_command(lazy("daemon", "cni.fast.cli_daemon:command", "Run the plugins' forkserver."))
+main.add_command(lazy("daemon", "cni.fast.daemon:command", "Run the plugins' forkserver."))
 
 if __name__ == "__main__":
     main()

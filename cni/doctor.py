@@ -9,7 +9,6 @@ do the same on first use.)
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import select
@@ -25,16 +24,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from cni import install as inst
+from cni.fast.protocol import DEFAULT_SOCKET, SOCKET_ENV
+from cni.host import nsfd
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "FAIL"
-CLONE_NEWNET = 0x40000000
 PROBE_TIMEOUT = 30.0
 STORE_DIR = Path("/var/lib/cni/networks")
 CACHE_DIR = Path("/var/lib/cni")
-try:  # the shim's own constants (stdlib-only module), so doctor checks the socket it would use
-    from cni.fast.protocol import DEFAULT_SOCKET, SOCKET_ENV
-except ImportError:  # pragma: no cover - an older tree without the daemon
-    DEFAULT_SOCKET, SOCKET_ENV = "/run/pycni/pycni.sock", "PYCNI_SOCKET"
 
 
 @dataclass
@@ -122,15 +118,14 @@ def _nft_probe() -> str:
 
 def kernel_probe(timeout: float = PROBE_TIMEOUT) -> dict[str, str] | str:
     """Fork; the child unshares its netns and probes. Returns the results, or why it could not."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc = nsfd.libc()  # loaded before the fork: the child only calls it
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: never return into the caller's code
         code = 0
         try:
             os.close(r)
-            if libc.unshare(CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
+            nsfd.check(libc.unshare(nsfd.CLONE_NEWNET), "unshare(CLONE_NEWNET)")
             subprocess.run(["ip", "link", "set", "lo", "up"], capture_output=True)
             payload = json.dumps(_probe_child())
         except BaseException as e:  # noqa: BLE001 - report anything, exit cleanly
@@ -280,7 +275,6 @@ def daemon_findings() -> list[Finding]:
 def python_findings() -> list[Finding]:
     out = []
     for mod, fix in (("pyroute2", "make setup"), ("pydantic", "make setup"),
-                     ("netaddr", "make setup"),
                      ("nftables", "apt-get install libnftables1, then make setup")):
         try:
             __import__(mod)

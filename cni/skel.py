@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cni import __version__, deleted
-from cni.spec import keys
+from cni import __version__, deleted, registry
+from cni.spec import keys, names
 from cni.spec import version as versions
 from cni.spec.errors import CNIError, Code, invalid_config
 
@@ -28,7 +27,6 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "CNI_IFNAME": ("ADD", "CHECK", "DEL"),
     "CNI_PATH": ("ADD", "CHECK", "DEL", "GC", "STATUS"),
 }
-_ID_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
 MAX_STDIN = 16 * 1024 * 1024
 # GC's list of still-valid attachments: the spec's key, and the one libcni also sends (#1101).
 VALID_ATTACHMENT_KEYS = ("cni.dev/valid-attachments", "cni.dev/attachments")
@@ -110,13 +108,13 @@ def run(plugin: str, env: Mapping[str, str], stdin: bytes, netns: int | None = N
         elif not isinstance(version, str):
             version = versions.CURRENT
             raise CNIError(Code.DECODING_FAILURE, "cniVersion must be a string")
-        versions.require_supported(version, supported(plugin))
+        versions.require_supported(version, versions.SUPPORTED)
         _gate(command, version)
         _check_name(config)
         req = Request(
             plugin=plugin, command=command, container_id=env.get("CNI_CONTAINERID", ""),
             netns=env.get("CNI_NETNS", ""), ifname=env.get("CNI_IFNAME", ""),
-            args=parse_args(env.get("CNI_ARGS", "")),
+            args=names.parse_args(env.get("CNI_ARGS", "")),
             path=[p for p in env.get("CNI_PATH", "").split(":") if p], config=config,
             version=version, stdin=stdin, env=env, netns_fd=netns,
             log=lambda msg: err.write(f"{plugin}: {msg}\n"),
@@ -166,8 +164,7 @@ def require_printable(result: dict | None, version: str) -> None:
 
 
 def load(plugin: str):
-    from cni.plugins import MODULES
-    name = MODULES.get(plugin)
+    name = registry.PLUGINS.get(plugin)
     if name is None:
         raise CNIError(Code.INTERNAL, f'unknown plugin "{plugin}"')
     import importlib
@@ -179,14 +176,9 @@ def load(plugin: str):
         raise
 
 
-def supported(plugin: str) -> tuple[str, ...]:
-    from cni.plugins import SUPPORTED_VERSIONS
-    return SUPPORTED_VERSIONS.get(plugin, versions.SUPPORTED)
-
-
 def about(plugin: str) -> str:
     return (f"CNI {plugin} plugin pycni {__version__}\n"
-            f"CNI protocol versions supported: {', '.join(supported(plugin))}\n")
+            f"CNI protocol versions supported: {', '.join(versions.SUPPORTED)}\n")
 
 
 def version_info(plugin: str, stdin: bytes) -> str:
@@ -198,7 +190,7 @@ def version_info(plugin: str, stdin: bytes) -> str:
             asked = value
     except (ValueError, AttributeError):
         pass
-    return json.dumps({"cniVersion": asked, "supportedVersions": list(supported(plugin))})
+    return json.dumps({"cniVersion": asked, "supportedVersions": list(versions.SUPPORTED)})
 
 
 def decode_config(stdin: bytes) -> dict[str, Any]:
@@ -218,8 +210,8 @@ def _check_env(command: str, env: Mapping[str, str]) -> None:
     if missing:
         raise CNIError(Code.INVALID_ENV, f"required env variables [{','.join(missing)}] missing")
     if command in ("ADD", "CHECK", "DEL"):
-        validate_container_id(env["CNI_CONTAINERID"])
-        validate_ifname(env["CNI_IFNAME"])
+        names.check_container_id(env["CNI_CONTAINERID"])
+        names.check_ifname(env["CNI_IFNAME"])
 
 
 def _gate(command: str, version: str) -> None:
@@ -236,34 +228,9 @@ def _check_name(config: dict) -> None:
     name = config["name"]
     if not isinstance(name, str):  # null too: the pydantic-checked plugins refuse it the same way
         raise invalid_config("name", name, "must be a string")
-    if not _ID_RE.match(name):
+    if not names.valid_id(name):
         raise CNIError(Code.INVALID_CONFIG, "invalid characters found in network name",
                        str(name))
-
-
-def validate_container_id(cid: str) -> None:
-    if not cid:
-        raise CNIError(Code.INVALID_ENV, "missing containerID")
-    if not _ID_RE.match(cid):
-        raise CNIError(Code.INVALID_ENV, "invalid characters in containerID", cid)
-
-
-def validate_ifname(name: str) -> None:
-    if not name:
-        raise CNIError(Code.INVALID_ENV, "interface name is empty")
-    try:
-        raw = name.encode("utf-8")
-    except UnicodeEncodeError:  # bytes that were not UTF-8 in the environment
-        raise CNIError(Code.INVALID_ENV, "interface name is not valid UTF-8",
-                       name.encode("utf-8", "surrogateescape").hex()) from None
-    if len(raw) > 15:  # IFNAMSIZ - 1, in bytes as the kernel counts
-        raise CNIError(Code.INVALID_ENV, "interface name is too long", name)
-    if name in (".", ".."):
-        raise CNIError(Code.INVALID_ENV, "interface name is . or ..", name)
-    if any(c in "/:\x00" or c.isspace() for c in name):
-        raise CNIError(Code.INVALID_ENV,
-                       "interface name contains / or : or whitespace characters", name)
-
 
 
 def valid_attachments(config: Mapping[str, Any]) -> set[tuple[str, str]] | None:
@@ -284,16 +251,3 @@ def valid_attachments(config: Mapping[str, Any]) -> set[tuple[str, str]] | None:
             raise invalid_config(f"{key}[{i}]", item, "needs string containerID and ifname")
         out.add((cid, ifname))
     return out
-
-
-def parse_args(raw: str) -> list[tuple[str, str]]:
-    """CNI_ARGS 'K1=V1;K2=V2' -> pairs; a pair without '=' is code 4, as in the reference."""
-    pairs = []
-    for item in raw.split(";"):
-        if not item:
-            continue
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise CNIError(Code.INVALID_ENV, f'CNI_ARGS: invalid pair "{item}"')
-        pairs.append((key, value))
-    return pairs

@@ -24,8 +24,8 @@ import pytest
 from cnitest import BIN, ROOT, VENV_PY, Netns, Plugins
 from test_shim import EXPENSIVE, assert_stdlib_only
 
+from cni import registry
 from cni.fast import protocol as proto
-from cni.plugins import MODULES
 
 pytestmark = pytest.mark.root
 NO_DAEMON = {"PYCNI_SOCKET": "/nonexistent/pycni.sock"}
@@ -124,7 +124,7 @@ def start_daemon() -> Iterator[Callable[..., Daemon]]:
 
 
 def exists(plugin: str) -> bool:
-    return importlib.util.find_spec(MODULES[plugin]) is not None
+    return importlib.util.find_spec(registry.PLUGINS[plugin]) is not None
 
 
 def require(*plugins: str) -> None:
@@ -543,3 +543,70 @@ def test_systemd_hears_ready_once_served_and_stopping_on_sigterm(host, pod, plug
         daemon.proc.send_signal(signal.SIGTERM)
         assert notify.recv(4096).decode().startswith("STOPPING=1\n")
         daemon.proc.wait(30)
+
+
+# --- nested calls: an IPAM plugin behind a wrapper script ------------------------------------
+
+def wrapped_ipam(tmp_path: Path) -> tuple[Path, Callable[[], None]]:
+    """A CNI_PATH dir with `logged-ipam`, a wrapper script that execs our host-local (as people
+    put in front of a plugin to log it): bridge execs it, and it calls the daemon from inside
+    bridge's own request. Its first run waits on a gate; returns the dir and the gate's key."""
+    bin_dir = tmp_path / "wrapbin"
+    bin_dir.mkdir()
+    gate, started = tmp_path / "gate.fifo", tmp_path / "gate.started"
+    os.mkfifo(gate)
+    script = bin_dir / "logged-ipam"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$CNI_COMMAND $CNI_CONTAINERID" >> {tmp_path}/ipam.log\n'
+        f'if [ -p {gate} ]; then touch {started}; read _ < {gate}; rm -f {gate}; fi\n'
+        f'exec {BIN}/host-local "$@"\n')
+    script.chmod(0o755)
+
+    def release() -> None:
+        wait_for(started.exists, "the wrapper to wait on its gate")
+        with open(gate, "w") as f:
+            f.write("go\n")
+    return bin_dir, release
+
+
+def test_a_nested_ipam_call_skips_its_callers_lock_but_a_racing_del_waits(
+        host, pod, plugins, start_daemon, tmp_path) -> None:
+    """bridge -> wrapper script -> our host-local shim -> the daemon, for bridge's own
+    attachment: it must not wait behind bridge (which waits for it: a deadlock until the
+    timeout), while a runtime DEL for the attachment still waits for the ADD to finish."""
+    require("bridge", "host-local")
+    daemon = start_daemon(host)
+    bin_dir, release = wrapped_ipam(tmp_path)
+    conf = {"cniVersion": "1.0.0", "name": "wrapnet", "type": "bridge", "bridge": "wrapbr0",
+            "ipam": {"type": "logged-ipam", "ranges": [[{"subnet": "10.79.0.0/24"}]],
+                     "dataDir": str(tmp_path / "ipam")}}
+    env = {**daemon.env, "CNI_PATH": f"{bin_dir}:{BIN}"}
+
+    def run(command: str) -> subprocess.Popen:
+        full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": command,
+                "CNI_CONTAINERID": "wrap1", "CNI_NETNS": pod.path, "CNI_IFNAME": "eth0", **env}
+        proc = subprocess.Popen(["ip", "netns", "exec", host.name, str(BIN / "bridge")],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=full)
+        proc.stdin.write(json.dumps(conf).encode())
+        proc.stdin.close()
+        return proc
+
+    add = run("ADD")
+    wait_for(lambda: (tmp_path / "gate.started").exists(), "bridge ADD to exec its IPAM")
+    delete = run("DEL")  # the runtime gave up on the ADD: its DEL must wait for it
+    wait_for(lambda: "bridge DEL wrap1 waits" in daemon.log.read_text(), "the DEL to be held")
+    release()
+    code, out = finish(add)
+    assert code == 0, (out, add.stderr.read())
+    assert out["ips"][0]["address"] == "10.79.0.2/24"
+    log = daemon.log.read_text()
+    assert "host-local ADD wrap1 runs nested in its caller's request" in log
+    assert "host-local ADD wrap1 waits" not in log
+    assert delete.stdout.read() == b"" and delete.wait(60) == 0
+    daemon.wait_served(4)  # bridge ADD and DEL, each with its nested host-local
+    log = daemon.log.read_text()
+    assert log.index("served bridge ADD wrap1") < log.index("served bridge DEL wrap1")
+    assert "host-local DEL wrap1 runs nested" in log  # the DEL's own IPAM call, nested too
+    assert (tmp_path / "ipam.log").read_text().split("\n")[:2] == ["ADD wrap1", "DEL wrap1"]

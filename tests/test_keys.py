@@ -11,7 +11,7 @@ import pytest
 from cni import skel
 from cni.ipam import config as ipam_config
 from cni.plugins import bandwidth, bridge, portmap
-from cni.spec import keys
+from cni.spec import keys, names
 from cni.spec.errors import CNIError
 
 
@@ -19,7 +19,7 @@ def request(config: dict, args: str = "") -> skel.Request:
     """A Request as skel.run builds it from this config on stdin (no kernel work)."""
     folded = keys.match(skel.decode_config(json.dumps(config).encode()), skel.COMMON_KEYS)
     return skel.Request(plugin=config.get("type", "x"), command="ADD", container_id="c1",
-                        netns="/run/netns/x", ifname="eth0", args=skel.parse_args(args), path=[],
+                        netns="/run/netns/x", ifname="eth0", args=names.parse_args(args), path=[],
                         config=folded, version="1.0.0", stdin=b"", env={})
 
 

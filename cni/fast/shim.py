@@ -20,8 +20,6 @@ MAX_STDIN = 16 * 1024 * 1024
 # How long a daemon may take to accept a request (it may be starting: socket activation).
 ACCEPT_TIMEOUT = 60.0
 _JSON_WS = b" \t\n\r"
-_CLONE_NEWNET = 0x40000000
-_NS_GET_NSTYPE = 0xB703
 
 Reply = tuple[bytes, bytes, int]  # stdout, stderr, exit code
 
@@ -84,13 +82,10 @@ def in_process(plugin: str, stdin: bytes) -> Reply:
 
 def fast_version(plugin: str, stdin: bytes) -> bytes | None:
     """skel.version_info's exact bytes for the stdin runtimes send; None: ask skel."""
-    from cni.plugins import SUPPORTED_VERSIONS
-
-    supported = SUPPORTED_VERSIONS.get(plugin, SUPPORTED)
     asked = asked_version(stdin)
-    if asked is None or not all(_plain(v) for v in supported):
+    if asked is None:
         return None
-    listed = ", ".join(f'"{v}"' for v in supported)
+    listed = ", ".join(f'"{v}"' for v in SUPPORTED)
     return f'{{"cniVersion": "{asked}", "supportedVersions": [{listed}]}}'.encode()
 
 
@@ -119,10 +114,6 @@ def asked_version(stdin: bytes) -> str | None:
         return None
     version = text.decode("ascii")
     return version if version in SUPPORTED else CURRENT
-
-
-def _plain(version: str) -> bool:
-    return bool(version) and all(c in "0123456789." for c in version)
 
 
 # --- the daemon ---------------------------------------------------------------------------------
@@ -194,17 +185,14 @@ def open_fds(netns: str) -> tuple[int, list[int]]:
 
 def open_netns(path: str) -> int | None:
     """CNI_NETNS as an fd if it is a network namespace; None leaves the error to the plugin."""
-    import fcntl
+    from cni.host import nsfd
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # never block on a FIFO
     except OSError:
         return None
-    try:
-        if fcntl.ioctl(fd, _NS_GET_NSTYPE) == _CLONE_NEWNET:
-            return fd
-    except OSError:
-        pass
+    if nsfd.is_netns(fd):
+        return fd
     os.close(fd)
     return None
 

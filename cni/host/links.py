@@ -16,11 +16,6 @@ def _addresses(ipr, index: int) -> list[str]:
             for msg in msgs if msg["family"] == family]
 
 
-def addresses(ipr, index: int) -> list[str]:
-    """The link's addresses as 'ip/prefix', v4 first."""
-    return _addresses(ipr, index)
-
-
 def set_loopback(target: int | str, up: bool) -> list[str]:
     """Set lo up or down in the namespace; returns lo's addresses (after the change)."""
     with netns.iproute(target) as ipr:
@@ -132,4 +127,3 @@ def delete(ipr, name: str) -> bool:
         return False
     ipr.link("del", index=link.index)
     return True
-

@@ -6,31 +6,19 @@ a child per socket and default to O_CREAT, which would create a namespace for a 
 
 from __future__ import annotations
 
-import ctypes
-import fcntl
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
+from cni.host.nsfd import is_netns, setns
 from cni.spec.errors import CNIError, Code
 
 if TYPE_CHECKING:
     from pyroute2 import IPRoute
 
-CLONE_NEWNET = 0x40000000
-NS_GET_NSTYPE = 0xB703  # ioctl on an nsfs fd: which kind of namespace it is
-_libc: ctypes.CDLL | None = None
 # Set only inside shared_sockets(): namespace (st_dev, st_ino) -> the one IPRoute for it.
 _shared: dict[tuple[int, int], IPRoute] | None = None
-
-
-def libc() -> ctypes.CDLL:
-    """libc by name: ctypes.util.find_library would fork ldconfig."""
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    return _libc
 
 
 class NetnsMissing(CNIError):
@@ -49,20 +37,10 @@ def open_ns(target: int | str) -> int:
     except OSError as e:
         raise CNIError(Code.INVALID_ENV,
                        f"CNI_NETNS {target!r}: cannot open: {e.strerror or e}") from None
-    try:
-        kind = fcntl.ioctl(fd, NS_GET_NSTYPE)
-    except OSError:
-        kind = 0
-    if kind != CLONE_NEWNET:
+    if not is_netns(fd):
         os.close(fd)
         raise CNIError(Code.INVALID_ENV, f"CNI_NETNS {target!r} is not a network namespace")
     return fd
-
-
-def setns(fd: int) -> None:
-    if libc().setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"setns: {os.strerror(err)}")
 
 
 @contextmanager
@@ -79,15 +57,6 @@ def entered(target: int | str) -> Iterator[None]:
     finally:
         os.close(fd)
         os.close(home)
-
-
-def same_as_current(target: int | str) -> bool:
-    """Whether `target` is the namespace this thread is in (CNI_NETNS_OVERRIDE guard)."""
-    fd = open_ns(target)
-    try:
-        return os.fstat(fd).st_ino == os.stat("/proc/thread-self/ns/net").st_ino
-    finally:
-        os.close(fd)
 
 
 def _new_iproute(target: int | str | None) -> IPRoute:

@@ -21,8 +21,8 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from cni.host import addrs, bridge, links, masq, netns, routes, spoofchk, veth
 from cni.ipam import delegate as ipam
-from cni.skel import Request, valid_attachments, validate_ifname
-from cni.spec import keys
+from cni.skel import Request, valid_attachments
+from cni.spec import keys, names
 from cni.spec.config import Model, PluginConf, parse
 from cni.spec.errors import CNIError, Code, invalid_config, unsupported
 from cni.spec.result import Result
@@ -94,10 +94,9 @@ def load(req: Request, strict: bool = True) -> NetConf:
 
 
 def validate_ifname_key(key: str, name: str) -> None:
-    try:
-        validate_ifname(name)
-    except CNIError as e:
-        raise invalid_config(key, name, e.msg) from None
+    problem = names.ifname_problem(name)
+    if problem is not None:
+        raise invalid_config(key, name, problem)
 
 
 def collect_vlan_trunk(trunks: list[VlanTrunk] | None) -> list[int]:
@@ -135,15 +134,7 @@ def container_mac(req: Request, conf: NetConf) -> str:
 def cni_args_mac(req: Request) -> str:
     """CNI_ARGS as the reference's LoadArgs into {IgnoreUnknown, MAC}: other keys are refused
     unless IgnoreUnknown is true."""
-    known = {"IgnoreUnknown", "MAC"}
-    unknown = [f"{k}={v}" for k, v in req.args if k not in known]
-    ignore = req.arg("IgnoreUnknown")
-    if ignore is not None and ignore.lower() not in ("1", "true", "0", "false"):
-        raise CNIError(Code.INVALID_ENV, f"CNI_ARGS: invalid IgnoreUnknown {ignore!r}: "
-                       "boolean unmarshal error")
-    if unknown and (ignore or "").lower() not in ("1", "true"):
-        raise CNIError(Code.INVALID_ENV, f"ARGS: unknown args {unknown}")
-    mac = req.arg("MAC")
+    mac = names.known_args(req.args, ("MAC",)).get("MAC")
     if not mac:
         return ""
     if not _MAC.match(mac) or int(mac[:2], 16) & 1:

@@ -12,7 +12,8 @@ from typing import Any
 from cni.ipam import config as ipam_config
 from cni.ipam.allocator import Address, Allocator, parse_ip
 from cni.ipam.store import Store, StoreError, is_special
-from cni.skel import Request, valid_attachments, validate_container_id, validate_ifname
+from cni.skel import Request, valid_attachments
+from cni.spec import names
 from cni.spec.errors import CNIError, Code
 from cni.spec.result import Result
 
@@ -154,5 +155,5 @@ def _probe_write(store: Store) -> None:
 # Container IDs and ifnames reach the store's file contents: the skel validates them, and so do
 # we when called in-process by another plugin.
 def _validate(req: Request) -> None:
-    validate_container_id(req.container_id)
-    validate_ifname(req.ifname)
+    names.check_container_id(req.container_id)
+    names.check_ifname(req.ifname)

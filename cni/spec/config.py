@@ -1,4 +1,4 @@
-"""Config models (pydantic): the common plugin keys, the conflist, and error translation.
+"""Config models (pydantic): the common plugin keys, and error translation.
 
 A validation failure becomes CNI error 7 naming the key path and the value given, e.g.
 `invalid network config: ipam.ranges.0.0.subnet: "10.0.0.1/24": host bits set`.
@@ -7,15 +7,13 @@ A validation failure becomes CNI error 7 naming the key path and the value given
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cni.spec import keys
 from cni.spec.errors import CNIError, Code
 
-NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -50,23 +48,6 @@ class PluginConf(Model):
     args: dict[str, Any] | None = None
     runtimeConfig: dict[str, Any] = Field(default_factory=dict)
     prevResult: dict[str, Any] | None = None
-
-
-class ConfList(Model):
-    cniVersion: str = ""
-    cniVersions: list[str] = Field(default_factory=list)
-    name: str
-    disableCheck: bool = False
-    disableGC: bool = False
-    loadOnlyInlinedPlugins: bool = False
-    plugins: list[dict[str, Any]] = Field(default_factory=list)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not NAME_RE.match(v):
-            raise ValueError("invalid characters found in network name")
-        return v
 
 
 def parse(model: type[M], data: Any, prefix: str = "") -> M:

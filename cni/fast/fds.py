@@ -1,0 +1,55 @@
+"""Small socket and fd helpers of the daemon: fds that came with a message, closing quietly."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+
+
+def fds_from(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % 4
+            fds += struct.unpack(f"{usable // 4}i", data[:usable])
+    for fd in fds:
+        os.set_inheritable(fd, False)
+    return fds
+
+
+def close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def peer_gone(conn: socket.socket) -> bool:
+    """The client hung up (while its request waited): EOF or an error on a peek."""
+    try:
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
+
+
+def send_quietly(conn: socket.socket, data: bytes) -> None:
+    try:
+        conn.settimeout(1.0)  # a small frame into an empty buffer: never really waits
+        conn.sendall(data)
+    except OSError:
+        pass
+
+
+def drain(conn: socket.socket) -> None:
+    try:
+        conn.shutdown(socket.SHUT_WR)
+        conn.setblocking(False)
+        for _ in range(64):
+            if not conn.recv(1 << 16):
+                return
+    except OSError:
+        pass

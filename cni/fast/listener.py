@@ -1,0 +1,106 @@
+"""The daemon's listening socket: systemd's (socket activation) or one it binds itself, and
+the systemd notifications about it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import socket
+import stat
+
+log = logging.getLogger("pycni.daemon")
+
+
+def inherited_listener() -> socket.socket | None:
+    """The socket systemd passed (LISTEN_FDS), if it passed one to this process."""
+    if os.environ.get("LISTEN_PID") != str(os.getpid()):
+        return None
+    count = int(os.environ.get("LISTEN_FDS", "0") or 0)
+    for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(name, None)  # not for the children's environment
+    if count < 1:
+        return None
+    sock = socket.socket(fileno=3)  # SD_LISTEN_FDS_START
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+        raise SystemExit("pycni daemon: the inherited socket is not a unix stream socket")
+    os.set_inheritable(sock.fileno(), False)
+    return sock
+
+
+def bind(path: str) -> socket.socket:
+    """Listen on `path`: its directory private (0700), the socket 0600 from the start."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        os.makedirs(directory, mode=0o700)
+    st = os.stat(directory)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise SystemExit(f"pycni daemon: {directory} must belong to uid {os.geteuid()} and not "
+                         "be writable by others (use a private directory for the socket)")
+    _remove_stale(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    sock.listen(socket.SOMAXCONN)
+    return sock
+
+
+def _remove_stale(path: str) -> None:
+    """A socket file nobody listens on is left from a crash: remove it; a live one is an error."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise SystemExit(f"pycni daemon: {path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)
+    else:
+        raise SystemExit(f"pycni daemon: another daemon is listening on {path}")
+    finally:
+        probe.close()
+
+
+def inode(path: str) -> int | None:
+    try:
+        return os.lstat(path).st_ino
+    except OSError:
+        return None
+
+
+def sock_name(sock: socket.socket) -> str:
+    try:
+        return str(sock.getsockname())
+    except OSError:
+        return "?"
+
+
+def raise_fd_limit() -> None:
+    """Every waiting connection is an fd: allow as many as the hard limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def sd_notify(state: str, environ: dict[str, str] | None = None) -> bool:
+    """Tell systemd (Type=notify) how we are: READY=1 once the listener is served, so units
+    ordered after pycni.service start when requests go through. No NOTIFY_SOCKET: no-op."""
+    env = os.environ if environ is None else environ
+    address = env.get("NOTIFY_SOCKET", "")
+    if not address.startswith(("/", "@")):
+        return False
+    if address.startswith("@"):  # abstract namespace
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.sendto(state.encode(), address)
+    except OSError as e:
+        log.warning("sd_notify: %s", e)
+        return False
+    return True

@@ -1,0 +1,442 @@
+"""The daemon's parent process: accepts connections, reads requests without blocking (each with
+a deadline), queues them, one at a time per attachment, hands each to a forked child, and answers
+for a child that times out, crashes or loses its caller. See daemon.py for the whole picture."""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import signal
+import socket
+import struct
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from cni.fast import protocol as proto
+from cni.fast.child import DONE, EXIT_NOT_STARTED, Runner, hand_over, run_child, spare_main
+from cni.fast.fds import close_all, drain, fds_from, peer_gone, send_quietly
+from cni.fast.listener import inode, sd_notify, sock_name
+from cni.fast.procs import comm, own_group, parent
+
+log = logging.getLogger("pycni.daemon")
+
+_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+@dataclass
+class Options:
+    socket_path: str = proto.DEFAULT_SOCKET
+    timeout: float = 120.0  # per request, from fork to reply
+    read_timeout: float = 10.0  # for a request to arrive completely after connect
+    max_request: int = proto.MAX_REQUEST
+    max_children: int = 64  # running at once; more wait in a queue
+    spares: int = 2  # children forked and warmed ahead, so a request pays neither
+    max_pending: int = 4096  # connections still sending; the oldest go first beyond this
+    verbose: bool = False  # log every request served
+
+
+@dataclass
+class Pending:
+    """A connection whose request is still arriving."""
+
+    conn: socket.socket
+    deadline: float
+    buf: bytearray = field(default_factory=bytearray)
+    fds: list[int] = field(default_factory=list)
+    peer: int = 0  # the client's pid (SO_PEERCRED), to tell a nested call
+    refused: str = ""  # answered with this error once its request is in (so it reads it)
+
+
+@dataclass
+class Ready:
+    """A complete request, waiting for a child."""
+
+    conn: socket.socket
+    data: bytes
+    fds: list[int]
+    label: str  # "plugin COMMAND containerid", for logs and error messages
+    key: tuple[str, str] | None  # (container ID, ifname): one request at a time per attachment
+    peer: int = 0  # the client's pid
+    held: bool = False  # waiting for a request on the same attachment
+
+
+@dataclass
+class Spare:
+    """A child forked and warmed ahead of time, waiting on `ctl` for the one request it runs."""
+
+    pid: int
+    ctl: socket.socket
+
+
+@dataclass
+class Job:
+    """A request a child is running; the parent keeps the connection to answer if it dies."""
+
+    pid: int
+    conn: socket.socket
+    deadline: float
+    label: str
+    stdin: bytes
+    key: tuple[str, str] | None = None
+    timed_out: bool = False
+    abandoned: bool = False  # its caller went away (the runtime killed the plugin)
+    watched: bool = True  # its connection is in the selector (for the caller hanging up)
+
+
+class Server:
+    def __init__(self, listener: socket.socket, opts: Options, runner: Runner | None = None,
+                 owned_path: str | None = None) -> None:
+        self.listener = listener
+        self.opts = opts
+        self.runner = runner
+        self.owned_path = owned_path  # the socket file to remove at exit (not systemd's)
+        self.owned_ino = inode(owned_path) if owned_path else None
+        self.sel = selectors.DefaultSelector()
+        self.pending: dict[int, Pending] = {}
+        self.queue: deque[Ready] = deque()
+        self.jobs: dict[int, Job] = {}
+        # attachment -> pids of its running jobs: one, plus the nested calls it made itself
+        self.busy: dict[tuple[str, str], set[int]] = {}
+        self.spares: dict[int, Spare] = {}
+        self.stopping = False
+        self.signals = 0  # SIGTERM/SIGINT seen; acted on in the loop, never inside the handler
+        self.wake_r, self.wake_w = socket.socketpair()
+
+    # The loop ----------------------------------------------------------------------------------
+    def serve(self) -> None:
+        self._install_signals()
+        self.listener.setblocking(False)
+        self.sel.register(self.listener, selectors.EVENT_READ, self._accept)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, self._wake)
+        log.info("pycni daemon %d listening on %s", os.getpid(), sock_name(self.listener))
+        sd_notify(f"READY=1\nSTATUS=serving on {sock_name(self.listener)}\nMAINPID={os.getpid()}")
+        while not (self.stopping and not self.jobs):
+            for key, _ in self.sel.select(self._next_timeout()):
+                key.data(key.fileobj)
+            self._handle_signals()
+            self._reap()
+            self._expire()
+            self._start_queued()
+            self._refill_spares()
+        self._close_listener()
+        log.info("pycni daemon %d stopped", os.getpid())
+
+    def _next_timeout(self) -> float:
+        deadlines = [p.deadline for p in self.pending.values()]
+        deadlines += [j.deadline for j in self.jobs.values() if not j.timed_out]
+        if not deadlines:
+            return 5.0
+        return max(0.0, min(min(deadlines) - time.monotonic(), 5.0))
+
+    def _install_signals(self) -> None:
+        for sock in (self.wake_r, self.wake_w):
+            sock.setblocking(False)
+        signal.set_wakeup_fd(self.wake_w.fileno(), warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the wakeup fd
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+
+    def _on_stop(self, _signum: int, _frame) -> None:
+        self.signals += 1
+
+    def _handle_signals(self) -> None:
+        if self.signals > 1:  # the second time: do not wait for the children
+            for job in self.jobs.values():
+                if not job.timed_out:
+                    self._kill(job)
+        if not self.signals or self.stopping:
+            return
+        log.info("pycni daemon: stopping, finishing %d running requests", len(self.jobs))
+        sd_notify(f"STOPPING=1\nSTATUS=finishing {len(self.jobs)} running requests")
+        self.stopping = True
+        self._close_listener()
+        for fd in list(self.pending):
+            self._drop(fd)  # not started: their shims see EOF before ACK and run in-process
+        while self.queue:
+            ready = self.queue.popleft()
+            close_all(ready.fds)
+            ready.conn.close()
+        for spare in self.spares.values():
+            spare.ctl.close()  # EOF: it exits without running anything
+        self.spares.clear()
+
+    def _wake(self, sock: socket.socket) -> None:
+        try:
+            while sock.recv(512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _close_listener(self) -> None:
+        if self.listener.fileno() < 0:
+            return
+        self.sel.unregister(self.listener)
+        if self.owned_path and inode(self.owned_path) == self.owned_ino:
+            os.unlink(self.owned_path)  # still ours: not replaced by a newer daemon
+        self.listener.close()
+
+    # Connections ------------------------------------------------------------------------------
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # EMFILE and friends: keep serving what we have
+                log.warning("accept: %s", e)
+                return
+            pid, uid, _gid = _CRED.unpack(
+                conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+            conn.setblocking(False)
+            if len(self.pending) >= self.opts.max_pending:
+                self._drop(next(iter(self.pending)))  # the oldest: most likely idle
+            p = Pending(conn, time.monotonic() + self.opts.read_timeout, peer=pid)
+            if uid != 0:
+                log.warning("refused a connection from pid %d uid %d (root only)", pid, uid)
+                p.refused = f"the pycni daemon serves root only (peer uid {uid})"
+            self.pending[conn.fileno()] = p
+            self.sel.register(conn, selectors.EVENT_READ, self._read)
+
+    def _read(self, conn: socket.socket) -> None:
+        fd = conn.fileno()
+        p = self.pending[fd]
+        try:
+            data, anc, flags, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(4 * proto.MAX_FDS))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(fd)
+            return
+        p.fds += fds_from(anc)
+        if not data or flags & socket.MSG_CTRUNC or len(p.fds) > proto.MAX_FDS:
+            self._drop(fd)  # gone before sending it all, or too many fds: nothing to run
+            return
+        p.buf += data
+        if not proto.MAGIC.startswith(bytes(p.buf[:len(proto.MAGIC)])):
+            self._refuse(self._unregister(fd), "not a pycni request", fds=p.fds)
+            return
+        if len(p.buf) < proto.REQ_PREFIX:
+            return
+        size = proto.request_size(bytes(p.buf[:proto.REQ_PREFIX]))
+        if size > self.opts.max_request:
+            self._refuse(self._unregister(fd), f"request of {size} bytes is larger than the "
+                         f"daemon's limit of {self.opts.max_request}", fds=p.fds)
+            return
+        if len(p.buf) < size:
+            return
+        data = bytes(p.buf[:size])
+        self._unregister(fd)
+        if p.refused:
+            self._refuse(conn, p.refused, fds=p.fds)
+            return
+        plugin, env_block, _, roles, _ = proto.decode_request(data)
+        if len(p.fds) != bin(roles).count("1"):
+            self._refuse(conn, "the request's fds do not match its header", fds=p.fds)
+            return
+        env = proto.decode_env(env_block)
+        cid = env.get("CNI_CONTAINERID", "")
+        self.queue.append(Ready(conn, data, p.fds,
+                                f"{plugin} {env.get('CNI_COMMAND', '?')} {cid}".rstrip(),
+                                (cid, env.get("CNI_IFNAME", "")) if cid else None,
+                                peer=p.peer))
+
+    def _unregister(self, fd: int) -> socket.socket:
+        p = self.pending.pop(fd)
+        self.sel.unregister(p.conn)
+        return p.conn
+
+    def _drop(self, fd: int) -> None:
+        close_all(self.pending[fd].fds)
+        self._unregister(fd).close()
+
+    def _refuse(self, conn: socket.socket, why: str, fds: list[int] | None = None) -> None:
+        """An answer without ACK: the request was not run."""
+        close_all(fds or [])
+        send_quietly(conn, proto.encode_reply(1, proto.error_reply(
+            proto.IO_FAILURE, f"pycni daemon: {why}", b""), b""))
+        drain(conn)  # closing on unread bytes would reset the peer before it reads the answer
+        conn.close()
+
+    # Children ---------------------------------------------------------------------------------
+    def _start_queued(self) -> None:
+        """Start what waits, in order; a request for an attachment that has one running waits
+        for it (an ADD the runtime gave up on must be gone before its DEL runs)."""
+        for ready in list(self.queue):  # what is not started stays queued (a fork closes it)
+            if len(self.jobs) >= self.opts.max_children or self.stopping:
+                return
+            if peer_gone(ready.conn):
+                self.queue.remove(ready)
+                close_all(ready.fds)
+                ready.conn.close()
+            elif ready.key is not None and ready.key in self.busy and not self._nested(ready):
+                if not ready.held:
+                    log.debug("%s waits for the request running on its attachment",
+                              ready.label)
+                ready.held = True
+            else:
+                self.queue.remove(ready)
+                self._start(ready)
+
+    def _nested(self, ready: Ready) -> bool:
+        """Whether the request comes from inside a job running on its attachment (bridge
+        exec'ing a wrapper script around our host-local): that job waits for this one, so
+        holding this one until that job ends would deadlock. Its caller is alive (connected)
+        and the job unreaped, so neither pid can have been reused."""
+        assert ready.key is not None
+        owners = self.busy[ready.key]
+        pid = ready.peer
+        for _ in range(64):  # a bounded walk up the parent chain
+            if pid in owners:
+                log.debug("%s runs nested in its caller's request on the attachment",
+                          ready.label)
+                return True
+            pid = parent(pid)
+            if pid <= 1:
+                return False
+        return False
+
+    def _start(self, ready: Ready) -> None:
+        stdin = proto.decode_request(ready.data)[2]
+        while self.spares:
+            spare = self.spares.pop(next(iter(self.spares)))
+            handed = hand_over(spare.ctl, ready.conn, ready.data, ready.fds)
+            spare.ctl.close()
+            if handed:
+                self._started(spare.pid, ready, stdin)
+                return
+        plugin, env_block, stdin, roles, umask = proto.decode_request(ready.data)
+        try:
+            pid = os.fork()
+        except OSError as e:
+            log.error("fork: %s", e)
+            close_all(ready.fds)
+            ready.conn.close()  # no ACK: the shim runs it in-process
+            return
+        if pid == 0:
+            self._become_child()
+            run_child(ready.conn, plugin, env_block, stdin, roles, umask, ready.fds,
+                      self.opts.timeout, self.runner)  # never returns
+        own_group(pid)
+        self._started(pid, ready, stdin)
+
+    def _started(self, pid: int, ready: Ready, stdin: bytes) -> None:
+        close_all(ready.fds)
+        job = Job(pid, ready.conn, time.monotonic() + self.opts.timeout, ready.label, stdin,
+                  ready.key)
+        self.jobs[pid] = job
+        if job.key is not None:
+            self.busy.setdefault(job.key, set()).add(pid)
+        # The caller sends nothing more: readable means it hung up (killed by its runtime).
+        self.sel.register(job.conn, selectors.EVENT_READ, lambda _c, job=job: self._hangup(job))
+
+    def _hangup(self, job: Job) -> None:
+        try:
+            if job.conn.recv(4096, socket.MSG_DONTWAIT):
+                return  # stray bytes: not a hang-up
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            pass
+        self.sel.unregister(job.conn)
+        job.watched = False
+        if self.jobs.get(job.pid) is not job or comm(job.pid) == DONE:
+            return  # it had answered: the caller read the reply and closed
+        log.info("%s: the caller went away; stopping its request", job.label)
+        job.abandoned = True
+        self._kill(job)
+
+    def _refill_spares(self) -> None:
+        """Keep `spares` children warmed and waiting, within max_children, when not busy."""
+        while (not self.stopping and not self.queue and len(self.spares) < self.opts.spares
+               and len(self.jobs) + len(self.spares) < self.opts.max_children):
+            parent_end, child_end = socket.socketpair()
+            try:
+                pid = os.fork()
+            except OSError as e:
+                log.error("fork: %s", e)
+                parent_end.close()
+                child_end.close()
+                return
+            if pid == 0:
+                parent_end.close()
+                self._become_child()
+                spare_main(child_end, self.opts.timeout, self.runner)  # never returns
+            child_end.close()
+            own_group(pid)
+            self.spares[pid] = Spare(pid, parent_end)
+
+    def _become_child(self) -> None:
+        """Drop everything of the parent's: other clients must see EOF when the parent dies."""
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        for sock in (self.listener, self.wake_r, self.wake_w):
+            sock.close()
+        for p in self.pending.values():
+            p.conn.close()
+            close_all(p.fds)
+        for job in self.jobs.values():
+            job.conn.close()
+        for other in self.queue:
+            other.conn.close()
+            close_all(other.fds)
+        for spare in self.spares.values():
+            spare.ctl.close()
+        self.sel.close()
+
+    def _reap(self) -> None:
+        while self.jobs:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            job = self.jobs.pop(pid, None)
+            if job is not None:
+                self._finish(job, os.waitstatus_to_exitcode(status))
+            spare = self.spares.pop(pid, None)
+            if spare is not None:  # died before it got work: nothing to answer
+                spare.ctl.close()
+
+    def _finish(self, job: Job, code: int) -> None:
+        log.debug("served %s (child exit %d)", job.label, code)
+        owners = self.busy.get(job.key) if job.key is not None else None
+        if owners is not None:
+            owners.discard(job.pid)
+            if not owners:
+                del self.busy[job.key]
+        if job.watched:
+            self.sel.unregister(job.conn)
+        if code not in (0, EXIT_NOT_STARTED) and not job.abandoned:
+            if job.timed_out:
+                why, err = f"timed out after {self.opts.timeout:g}s", proto.TRY_AGAIN_LATER
+            elif code < 0:
+                why, err = f"crashed (signal {-code})", proto.INTERNAL
+            else:
+                why, err = f"failed (exit {code})", proto.INTERNAL
+            log.error("%s: %s", job.label, why)
+            out = proto.error_reply(err, f"pycni daemon: {job.label} {why}",
+                                    job.stdin)
+            job.conn.settimeout(1.0)
+            send_quietly(job.conn, proto.encode_reply(1, out, b""))
+        job.conn.close()
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for fd in [fd for fd, p in self.pending.items() if p.deadline <= now]:
+            self._drop(fd)
+        for job in self.jobs.values():
+            if not job.timed_out and not job.abandoned and job.deadline <= now:
+                self._kill(job)
+
+    def _kill(self, job: Job) -> None:
+        job.timed_out = not job.abandoned
+        for kill, target in ((os.killpg, job.pid), (os.kill, job.pid)):
+            try:
+                kill(target, signal.SIGKILL)
+                return
+            except ProcessLookupError:
+                continue
