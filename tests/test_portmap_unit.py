@@ -33,12 +33,12 @@ def test_conditions_refused(tokens) -> None:
 
 
 def test_owner_fits_nft_comment_and_is_stable() -> None:
-    assert hostport.owner("abc", "net", "eth0") == "abc net eth0"
-    long = hostport.owner("c" * 200, "n" * 200, "äöü#")
-    assert len(long) <= 128 and long == hostport.owner("c" * 200, "n" * 200, "äöü#")
-    assert hostport.owner_in_network(hostport.owner("abc", "net", "eth0"), "net") == (
+    assert hostport.legacy_owner("abc", "net", "eth0") == "abc net eth0"
+    long = hostport.legacy_owner("c" * 200, "n" * 200, "äöü#")
+    assert len(long) <= 128 and long == hostport.legacy_owner("c" * 200, "n" * 200, "äöü#")
+    assert hostport.legacy_owner_in_network(hostport.legacy_owner("abc", "net", "eth0"), "net") == (
         "abc", "eth0")
-    assert hostport.owner_in_network("abc", "net") is None  # the reference's bare IDs
+    assert hostport.legacy_owner_in_network("abc", "net") is None  # the reference's bare IDs
 
 
 def test_container_ips_first_per_family_on_the_sandbox_ifname() -> None:
