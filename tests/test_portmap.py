@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 from portmap_util import (
-    records,
     BR,
     FAR,
     HOST_OUT,
@@ -19,6 +18,7 @@ from portmap_util import (
     ask,
     build_node,
     portmap_conf,
+    records,
     rules_with,
 )
 

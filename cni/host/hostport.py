@@ -416,8 +416,6 @@ def conditions_text(tokens: list[str]) -> str:
             if not depth:
                 raise ValueError("unbalanced '}'")
             depth = 0
-        elif tok == "," and not depth:
-            raise ValueError("',' outside a set")
         elif tok.startswith('"') and not _QUOTED.match(tok):
             raise ValueError(f"{tok} is not allowed in a match condition")
         elif tok.lower() in _NOT_MATCH_WORDS:
