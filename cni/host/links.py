@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 from dataclasses import dataclass
 
 from cni.host import netns
@@ -12,7 +14,7 @@ IFF_UP = 0x1
 def _addresses(ipr, index: int) -> list[str]:
     msgs = list(ipr.get_addr(index=index))  # one dump for both families, not one per family
     return [f"{msg.get('IFA_ADDRESS')}/{msg['prefixlen']}"
-            for family in (2, 10)  # AF_INET, AF_INET6: v4 first, as the reference lists them
+            for family in (socket.AF_INET, socket.AF_INET6)  # v4 first, as the reference lists
             for msg in msgs if msg["family"] == family]
 
 
@@ -33,8 +35,6 @@ def loopback_is_up(target: int | str) -> bool:
 # --- generic link helpers (bridge, veth) -------------------------------------------------------
 
 IFF_PROMISC = 0x100
-EEXIST = 17
-ENODEV = 19
 IFNAMSIZ = 16
 
 
@@ -88,7 +88,7 @@ def get(ipr, name: str) -> Link | None:
     try:
         msgs = ipr.link("get", ifname=name)
     except NetlinkError as e:
-        if e.code == ENODEV:
+        if e.code == errno.ENODEV:
             return None
         raise
     # The kernel also resolves alternative names; the dump matched IFLA_IFNAME only.
@@ -109,7 +109,7 @@ def by_index(ipr, index: int) -> Link | None:
     try:
         msgs = ipr.get_links(index)
     except NetlinkError as e:
-        if e.code == ENODEV:
+        if e.code == errno.ENODEV:
             return None
         raise
     return parse(msgs[0]) if msgs else None

@@ -19,7 +19,8 @@ from typing import Any
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
-from cni.host import addrs, bridge, links, masq, netns, routes, spoofchk, veth
+from cni.host import addrs, bridge, links, masq, netns, peer, routes, spoofchk, veth
+from cni.host.errors import HostError, NamespaceMissing
 from cni.ipam import delegate as ipam
 from cni.skel import Request, valid_attachments
 from cni.spec import keys, names
@@ -164,6 +165,7 @@ class Undo:
                 self.req.log(f"undo {what} failed: {e}")
 
 
+@netns.one_socket_per_namespace  # one netlink socket per namespace, not one per step
 def add(req: Request) -> Result:
     conf = load(req)
     is_layer3 = conf.ipam_type != ""
@@ -180,14 +182,13 @@ def add(req: Request) -> Result:
 
     undo = Undo(req)
     try:
-        with netns.shared_sockets():  # one netlink socket per namespace, not one per step
-            return _add(req, conf, is_layer3, undo)
+        return _add_steps(req, conf, is_layer3, undo)
     except BaseException:
         undo.run()
         raise
 
 
-def _add(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Result:
+def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Result:
     br = bridge.ensure(conf.bridge, conf.mtu, conf.promiscMode,
                        vlan_filtering=bool(conf.vlan or conf.vlanTrunk is not None))
 
@@ -306,9 +307,9 @@ def setup_gateways(conf: NetConf, br: links.Link, gateways: dict[int, list[str]]
                 target = br.name
             try:
                 addrs.ensure_gateway(target, gw, conf.forceAddress)
-            except CNIError as e:
+            except HostError as e:
                 what = "vlan interface for bridge with addr" if conf.vlan else "bridge addr"
-                raise CNIError(e.code, f"failed to set {what}: {e.msg}") from None
+                raise HostError(f"failed to set {what}: {e}") from None
         if gateways[fam]:
             try:
                 addrs.enable_forwarding(fam)
@@ -325,7 +326,7 @@ def delete(req: Request) -> None:
     if req.netns or req.netns_fd is not None:
         try:
             veth.delete_container_end(req.netns_target, req.ifname)
-        except netns.NetnsMissing:
+        except NamespaceMissing:
             pass  # the namespace is gone, and the veth with it
 
     if is_layer3:
@@ -350,12 +351,8 @@ def _teardown(enabled: bool, fn: Callable[[], Any], req: Request) -> None:
 
 # --- CHECK ----------------------------------------------------------------------------------
 
+@netns.one_socket_per_namespace  # one netlink socket per namespace, not one per step
 def check(req: Request) -> None:
-    with netns.shared_sockets():  # one netlink socket per namespace, not one per step
-        _check(req)
-
-
-def _check(req: Request) -> None:
     conf = load(req)
     if conf.ipam_type:
         ipam.check(req, conf.ipam_type)
@@ -376,16 +373,17 @@ def _check(req: Request) -> None:
                        "prevResult")
 
     br = check_bridge(conf, br_entry)
-    cont, peer = veth.peer_of(req.netns_target, req.ifname)
+    cont = peer.container_veth(req.netns_target, req.ifname)
+    host_end = peer.host_end(cont)
     if cont_entry.get("mac") and cont.mac != cont_entry["mac"].lower():
         raise CNIError(Code.INTERNAL, f"Interface {req.ifname} Mac {cont_entry['mac']} doesn't "
                        f"match container Mac: {cont.mac}")
     host_names = {i["name"] for i in prev.get("interfaces", []) if not i.get("sandbox")}
-    if peer is None or peer.kind != "veth" or peer.name not in host_names:
+    if host_end is None or host_end.name not in host_names:
         raise CNIError(Code.INTERNAL, f"host veth peer of {req.ifname} not found in prevResult")
-    if peer.master != br.index:
+    if host_end.master != br.index:
         raise CNIError(Code.INTERNAL,
-                       f"Interface {peer.name} not attached to bridge {conf.bridge}")
+                       f"Interface {host_end.name} not attached to bridge {conf.bridge}")
 
     with netns.iproute(req.netns_target) as cipr:
         for ipc in prev.get("ips", []):
@@ -408,10 +406,7 @@ def _check(req: Request) -> None:
 
 
 def check_bridge(conf: NetConf, entry: dict) -> links.Link:
-    try:
-        br = bridge.lookup(conf.bridge)
-    except CNIError as e:
-        raise CNIError(Code.INTERNAL, e.msg) from None
+    br = bridge.lookup(conf.bridge)
     if entry.get("mac") and br.mac != entry["mac"].lower():
         raise CNIError(Code.INTERNAL, f"Bridge interface {conf.bridge} Mac doesn't match: "
                        f"{entry['mac']}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cni.host import links
-from cni.host.netns import NetnsMissing
+from cni.host.errors import NamespaceMissing
 from cni.skel import Request, require_printable
 from cni.spec.errors import CNIError, Code
 from cni.spec.result import Result
@@ -28,7 +28,7 @@ def delete(req: Request) -> None:
         return
     try:
         links.set_loopback(req.netns_target, up=False)
-    except NetnsMissing:
+    except NamespaceMissing:
         pass  # the namespace is gone, and so is its lo
 
 
