@@ -175,6 +175,9 @@ def test_kubelet_pod_through_containerd_cri(side, node_netns, oci_image, pause_i
                         if i["ifname"].startswith("bwp")]
                 assert len(ifbs) == 1, ifbs
                 assert tbf_rates(node_netns, ifbs[0]["ifname"]) == [RATE // 8]
+                redirect = node_netns.run("tc", "filter", "show", "dev", veths[0]["ifname"],
+                                          "ingress").stdout
+                assert f"Egress Redirect to device {ifbs[0]['ifname']}" in redirect, redirect
                 if side == "pycni":
                     # containerd knows no burst and sends 4294967295 bits; the reference
                     # makes that a ~21 MB bucket (line rate for many seconds, #609), pycni a
@@ -196,6 +199,8 @@ def test_kubelet_pod_through_containerd_cri(side, node_netns, oci_image, pause_i
             assert [i["ifname"] for i in links_of_kind(node_netns, "ifb")
                     if i["ifname"].startswith("bwp")] == []
             assert not cache.exists()
+            assert [q for q in json.loads(node_netns.run("tc", "-j", "qdisc", "show").stdout)
+                    if q["kind"] in ("tbf", "ingress")] == []
             assert rules_naming(node, pod.id, ip) == []
             assert [line for line in firewall(node) if POD_CHAIN.search(line)] == []
             assert http_get(node, NODE_ADDR, HOST_PORT) == ""
