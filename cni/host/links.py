@@ -96,6 +96,13 @@ def get(ipr, name: str) -> Link | None:
     return parse(msgs[0]) if msgs else None
 
 
+def names() -> set[str]:
+    """The interface names of the current namespace (one netlink dump by libc)."""
+    import socket
+
+    return {name for _, name in socket.if_nameindex()}
+
+
 def by_index(ipr, index: int) -> Link | None:
     from pyroute2.netlink.exceptions import NetlinkError
 

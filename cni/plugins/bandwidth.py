@@ -359,8 +359,9 @@ def gc(req: Request) -> None:
     from cni.host import ifb, netns
 
     valid = valid_attachments(req.config)
-    if valid is None:
-        return  # no list: we cannot tell stale from live, so remove nothing
+    if valid is None:  # libcni's GC without args: stale and live look alike
+        req.log("GC without cni.dev/valid-attachments: no ifb removed")
+        return
     keep = {cid for cid, _ in valid}
     with netns.iproute() as ipr:
         for dev in ifb.marked(ipr):

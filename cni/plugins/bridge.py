@@ -5,7 +5,7 @@ kernel work is in cni.host.*. Differences from the reference, all deliberate:
 - a failed ADD undoes what it did (IPAM reservation, veth, spoof check and masquerade rules);
 - DEL removes this attachment's masquerade / spoof-check rules by their comment even when
   CNI_NETNS is empty or gone (reference #810), and tolerates configs ADD would refuse;
-- the bridge MAC is pinned on every ADD, not only with isGateway (reference #805);
+- the bridge MAC is pinned on every ADD (after the port joins), not only with isGateway (#805);
 - ADD returns once the port forwards, not only when it is oper-up (reference #463);
 - ipMasq uses nftables; `ipMasqBackend: "iptables"` is refused (error 2).
 """
@@ -50,7 +50,7 @@ class NetConf(PluginConf):
     promiscMode: Bool = False
     vlan: Int = 0
     vlanTrunk: list[VlanTrunk] | None = None
-    preserveDefaultVlan: Bool = True
+    preserveDefaultVlan: Bool = False  # v1.9.1's default
     macspoofchk: Bool = False
     enabledad: Bool = False
     disableContainerInterface: Bool = False
@@ -80,11 +80,7 @@ def load(req: Request, strict: bool = True) -> NetConf:
         raise invalid_config("mtu", conf.mtu, "must be between 68 and 65535")
     if not 0 <= conf.vlan <= 4094:
         raise invalid_config("vlan", conf.vlan, "invalid VLAN ID (must be between 0 and 4094)")
-    conf.vlans = collect_vlan_trunk(conf.vlanTrunk)
-    if conf.vlan and conf.vlans:
-        raise invalid_config("vlanTrunk", [t.model_dump(exclude_none=True)
-                                           for t in conf.vlanTrunk or []],
-                             "cannot set vlan and vlanTrunk at the same time")
+    conf.vlans = collect_vlan_trunk(conf.vlanTrunk)  # with vlan too: PVID + tagged trunk
     if conf.ipMasqBackend == "iptables":
         raise unsupported("ipMasqBackend", "iptables", "only the nftables backend is built")
     if conf.ipMasqBackend not in (None, "nftables"):
@@ -194,18 +190,24 @@ def add(req: Request) -> Result:
 def _add(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Result:
     br = bridge.ensure(conf.bridge, conf.mtu, conf.promiscMode,
                        vlan_filtering=bool(conf.vlan or conf.vlanTrunk is not None))
-    bridge.pin_mac(br)
 
     pair = veth.create(req.netns_target, req.ifname, conf.mtu, conf.mac)
     undo.push("veth", lambda: veth.delete_host_end(pair.host.name))
     bridge.attach(pair.host.name, br, conf.hairpinMode, conf.portIsolation)
+    # Pinned once it has a port: pinned before, the kernel leaves it in operstate UNKNOWN with
+    # bridge id 0 (the reference's bridge is UP).
+    bridge.pin_mac(br)
     bridge.set_vlans(pair.host.name, conf.vlan, conf.vlans, conf.preserveDefaultVlan)
 
     if conf.macspoofchk:
-        undo.push("spoof check", lambda: spoofchk.teardown(conf.name, req.ifname,
-                                                           req.container_id))
-        spoofchk.setup(pair.host.name, pair.container.mac, conf.name, req.ifname,
-                       req.container_id)
+        undo.push("spoof check", lambda: spoofchk.teardown(req.container_id, req.ifname,
+                                                           conf.name))
+        try:
+            spoofchk.setup(pair.host.name, pair.container.mac, req.container_id, req.ifname)
+        except ValueError:
+            raise CNIError(Code.INVALID_ENV, f"macspoofchk: CNI_CONTAINERID {req.container_id!r}"
+                           f" and CNI_IFNAME {req.ifname!r} must make an nftables chain name "
+                           "(letters, digits, '_', '.', '-'; comment at most 128 bytes)") from None
 
     result: Result = {
         "cniVersion": req.version,
@@ -330,8 +332,8 @@ def delete(req: Request) -> None:
         ipam.delete(req, conf.ipam_type)
 
     # By comment, so nothing leaks whatever CNI_NETNS was; only an error if the feature is on.
-    _teardown(conf.macspoofchk, lambda: spoofchk.teardown(conf.name, req.ifname,
-                                                          req.container_id), req)
+    _teardown(conf.macspoofchk, lambda: spoofchk.teardown(req.container_id, req.ifname,
+                                                          conf.name), req)
     _teardown(conf.ipMasq, lambda: masq.teardown(conf.name, req.ifname, req.container_id), req)
 
 
@@ -401,7 +403,7 @@ def _check(req: Request) -> None:
             address = str(ipaddress.ip_interface(ipc["address"]).ip)
             if address not in have:
                 raise CNIError(Code.INTERNAL, f"masquerade rule for {address} is missing")
-    if conf.macspoofchk and not spoofchk.present(conf.name, req.ifname, req.container_id):
+    if conf.macspoofchk and not spoofchk.present(req.container_id, req.ifname, conf.name):
         raise CNIError(Code.INTERNAL, f"mac spoof check for {req.ifname} is missing")
 
 
@@ -423,11 +425,11 @@ def check_bridge(conf: NetConf, entry: dict) -> links.Link:
 def gc(req: Request) -> None:
     conf = load(req, strict=False)
     valid = valid_attachments(req.config)
-    if valid is None:  # stale and live look alike without the list: IPAM decides (host-local: 7)
+    if valid is None:  # libcni's GC without args: stale and live look alike, remove nothing
         req.log("GC without cni.dev/valid-attachments: no nftables rule removed")
     else:
         _teardown(conf.ipMasq, lambda: masq.gc(conf.name, valid), req)
-        _teardown(conf.macspoofchk, lambda: spoofchk.gc(conf.name, valid), req)
+        _teardown(conf.macspoofchk, lambda: spoofchk.gc(conf.name, valid, links.names()), req)
     if conf.ipam_type:
         ipam.gc(req, conf.ipam_type)
 
