@@ -12,7 +12,9 @@ No pytest here: scripts (the VM scenario) use it as is. CLI:
     python -m integration.cri.client --socket SOCK version
     python -m integration.cri.client --socket SOCK run NAME --port 8080:80 \
         --annotation kubernetes.io/ingress-bandwidth=1M --image IMG -- CMD...   # prints JSON
+    python -m integration.cri.client --socket SOCK ip POD_ID
     python -m integration.cri.client --socket SOCK rm POD_ID
+(`run` also takes --log-dir and --cgroup-parent; the module needs grpcio and grpcio-tools.)
 """
 
 from __future__ import annotations
