@@ -1,6 +1,7 @@
 """A pod the way kubelet makes one: CRI calls to containerd 1.6's CRI plugin, which runs the CNI
 chain through go-cni/libcni. Once with pycni (`pycni install`, its daemon on), once with the
-reference plugins (/usr/lib/cni, iptables backends) as the oracle: the same assertions on both.
+reference plugins (/usr/lib/cni, iptables backends) as the oracle: the same assertions on both,
+for conf/'s IPv4 and dual-stack conflists.
 
 containerd sends capability args with Go-cased keys (go-cni's structs have no JSON tags):
 portMappings `[{"HostPort":8080,"ContainerPort":80,"Protocol":"tcp","HostIP":""}]` and
