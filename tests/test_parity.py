@@ -176,3 +176,19 @@ def test_masquerade_and_spoof_check_rules_read_as_the_references(plugins, host, 
     assert 'jump cni-br-iface-ctr1-eth0-mac comment "macspoofchk-ctr1-eth0"' in text
     assert 'drop comment "macspoofchk-ctr1-eth0"' in text
     assert "type filter hook prerouting priority dstnat; policy accept;" in text  # -300
+
+
+@pytest.mark.root
+def test_a_masquerade_rule_the_reference_wrote_is_kept_by_gc_and_removed_by_del(
+        plugins, host, tmp_path) -> None:
+    """The v1.9 reference's own rule for testnet/eth0/ctr1 (its exact text), as left by a swap."""
+    c = conf(tmp_path, version="1.1.0", ipMasq=True)
+    host.run("nft", "add table inet cni_plugins_masquerade; "
+             "add chain inet cni_plugins_masquerade masq_checks; "
+             "add rule inet cni_plugins_masquerade masq_checks ip saddr 10.22.0.9 ip daddr != "
+             f'10.22.0.0/24 masquerade comment "{INSTANCE}, net: testnet, if: eth0, id: ctr1"')
+    plugins.ok("bridge", "GC", c | {"cni.dev/valid-attachments": [
+        {"containerID": CID, "ifname": IF}]}, container_id="", ifname="", path=ipam_path())
+    assert len(masq_rules(host)) == 1
+    plugins.ok("bridge", "DEL", c, container_id=CID, netns="", path=ipam_path())
+    assert masq_rules(host) == []
