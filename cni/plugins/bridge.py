@@ -1,13 +1,17 @@
 """bridge: pods on a Linux bridge through veth pairs, as the reference plugin.
 
 add / delete / check read like the reference's cmdAdd / cmdDel / cmdCheck, step by step; the
-kernel work is in cni.host.*. Differences from the reference, all deliberate:
+kernel work is in cni.host.*. Masquerade and spoof-check rules carry the reference's v1.9 names
+(cni.host.masq, cni.host.spoofchk), so either side's DEL and GC clean the other's attachments.
+Differences from the reference, all deliberate:
 - a failed ADD undoes what it did (IPAM reservation, veth, spoof check and masquerade rules);
 - DEL removes this attachment's masquerade / spoof-check rules by their comment even when
   CNI_NETNS is empty or gone (reference #810), and tolerates configs ADD would refuse;
 - the bridge MAC is pinned on every ADD (after the port joins), not only with isGateway (#805);
 - ADD returns once the port forwards, not only when it is oper-up (reference #463);
-- ipMasq uses nftables; `ipMasqBackend: "iptables"` is refused (error 2).
+- ipMasq uses nftables; `ipMasqBackend: "iptables"` is refused (error 2);
+- GC without cni.dev/valid-attachments removes nothing; GC drops a spoof check only once its
+  host veth is gone (the reference's names carry no network).
 """
 
 from __future__ import annotations
