@@ -192,3 +192,13 @@ def test_a_masquerade_rule_the_reference_wrote_is_kept_by_gc_and_removed_by_del(
     assert len(masq_rules(host)) == 1
     plugins.ok("bridge", "DEL", c, container_id=CID, netns="", path=ipam_path())
     assert masq_rules(host) == []
+
+
+@pytest.mark.root
+def test_spoof_check_names_nft_cannot_carry_are_error_4_and_change_nothing(plugins, host, pod,
+                                                                          tmp_path) -> None:
+    code, out, _ = plugins.exec("bridge", "ADD", conf(tmp_path, macspoofchk=True),
+                                netns=pod.path, path=ipam_path(), ifname="e#th0")
+    assert code == 1 and out["code"] == 4 and "'e#th0'" in out["msg"], out
+    assert "cni0" not in host.links() and "e#th0" not in pod.links()
+    assert spoof_chains(host) == []

@@ -187,6 +187,13 @@ def add(req: Request) -> Result:
                              "cannot set hairpin mode and promiscuous mode at the same time")
     if is_layer3:
         ipam.validate_type(conf.ipam_type)
+    if conf.macspoofchk:
+        try:
+            spoofchk.check_names(req.container_id, req.ifname)
+        except ValueError:
+            raise CNIError(Code.INVALID_ENV, f"macspoofchk: CNI_CONTAINERID {req.container_id!r}"
+                           f" and CNI_IFNAME {req.ifname!r} must make an nftables chain name "
+                           "(letters, digits, '_', '.', '-'; comment at most 128 bytes)") from None
 
     undo = Undo(req)
     try:
@@ -212,12 +219,7 @@ def _add(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Result:
     if conf.macspoofchk:
         undo.push("spoof check", lambda: spoofchk.teardown(req.container_id, req.ifname,
                                                            conf.name))
-        try:
-            spoofchk.setup(pair.host.name, pair.container.mac, req.container_id, req.ifname)
-        except ValueError:
-            raise CNIError(Code.INVALID_ENV, f"macspoofchk: CNI_CONTAINERID {req.container_id!r}"
-                           f" and CNI_IFNAME {req.ifname!r} must make an nftables chain name "
-                           "(letters, digits, '_', '.', '-'; comment at most 128 bytes)") from None
+        spoofchk.setup(pair.host.name, pair.container.mac, req.container_id, req.ifname)
 
     result: Result = {
         "cniVersion": req.version,
