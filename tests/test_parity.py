@@ -202,3 +202,24 @@ def test_spoof_check_names_nft_cannot_carry_are_error_4_and_change_nothing(plugi
     assert code == 1 and out["code"] == 4 and "'e#th0'" in out["msg"], out
     assert "cni0" not in host.links() and "e#th0" not in pod.links()
     assert spoof_chains(host) == []
+
+
+@pytest.mark.parametrize("plugin", ["loopback", "host-local", "bridge", "portmap", "bandwidth"])
+def test_gc_without_valid_attachments_succeeds_in_every_plugin(plugin, tmp_path) -> None:
+    """libcni's GC without args sends no list: each plugin succeeds, removes nothing, says so."""
+    from cnitest import BIN
+
+    ipam = {"type": "host-local", "subnet": "10.22.0.0/24", "dataDir": str(tmp_path)}
+    body = {"cniVersion": "1.1.0", "name": NET, "type": plugin, "ipam": ipam}
+    if plugin == "host-local":
+        body = body | ipam | {"type": "host-local"}
+        (tmp_path / NET).mkdir()
+        (tmp_path / NET / "10.22.0.2").write_bytes(b"live\r\neth0")
+    reply = skel.run(plugin, {"CNI_COMMAND": "GC", "CNI_PATH": str(BIN)},
+                     json.dumps(body).encode())
+    assert (reply.code, reply.stdout) == (0, b""), reply
+    assert b"GC without cni.dev/valid-attachments" in reply.stderr
+    if plugin in ("host-local", "bridge"):
+        assert b"no reservation released" in reply.stderr
+    if plugin == "host-local":
+        assert (tmp_path / NET / "10.22.0.2").read_bytes() == b"live\r\neth0"
