@@ -1,13 +1,17 @@
 """bridge: pods on a Linux bridge through veth pairs, as the reference plugin.
 
 add / delete / check read like the reference's cmdAdd / cmdDel / cmdCheck, step by step; the
-kernel work is in cni.host.*. Differences from the reference, all deliberate:
+kernel work is in cni.host.*. Masquerade and spoof-check rules carry the reference's v1.9 names
+(cni.host.masq, cni.host.spoofchk), so either side's DEL and GC clean the other's attachments.
+Differences from the reference, all deliberate:
 - a failed ADD undoes what it did (IPAM reservation, veth, spoof check and masquerade rules);
 - DEL removes this attachment's masquerade / spoof-check rules by their comment even when
   CNI_NETNS is empty or gone (reference #810), and tolerates configs ADD would refuse;
 - the bridge MAC is pinned on every ADD (after the port joins), not only with isGateway (#805);
 - ADD returns once the port forwards, not only when it is oper-up (reference #463);
-- ipMasq uses nftables; `ipMasqBackend: "iptables"` is refused (error 2).
+- ipMasq uses nftables; `ipMasqBackend: "iptables"` is refused (error 2);
+- GC without cni.dev/valid-attachments removes nothing; GC drops a spoof check only once its
+  host veth is gone (the reference's names carry no network).
 """
 
 from __future__ import annotations
@@ -179,6 +183,13 @@ def add(req: Request) -> Result:
                              "cannot set hairpin mode and promiscuous mode at the same time")
     if is_layer3:
         ipam.validate_type(conf.ipam_type)
+    if conf.macspoofchk:
+        try:
+            spoofchk.check_names(req.container_id, req.ifname)
+        except ValueError:
+            raise CNIError(Code.INVALID_ENV, f"macspoofchk: CNI_CONTAINERID {req.container_id!r}"
+                           f" and CNI_IFNAME {req.ifname!r} must make an nftables chain name "
+                           "(letters, digits, '_', '.', '-'; comment at most 128 bytes)") from None
 
     undo = Undo(req)
     try:
@@ -203,12 +214,7 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
     if conf.macspoofchk:
         undo.push("spoof check", lambda: spoofchk.teardown(req.container_id, req.ifname,
                                                            conf.name))
-        try:
-            spoofchk.setup(pair.host.name, pair.container.mac, req.container_id, req.ifname)
-        except ValueError:
-            raise CNIError(Code.INVALID_ENV, f"macspoofchk: CNI_CONTAINERID {req.container_id!r}"
-                           f" and CNI_IFNAME {req.ifname!r} must make an nftables chain name "
-                           "(letters, digits, '_', '.', '-'; comment at most 128 bytes)") from None
+        spoofchk.setup(pair.host.name, pair.container.mac, req.container_id, req.ifname)
 
     result: Result = {
         "cniVersion": req.version,

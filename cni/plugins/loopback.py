@@ -35,3 +35,11 @@ def delete(req: Request) -> None:
 def check(req: Request) -> None:
     if not links.loopback_is_up(req.netns_target):
         raise CNIError(Code.INTERNAL, "loopback interface is down")
+
+
+def gc(req: Request) -> None:
+    """loopback keeps no state outside the pod: nothing to collect, with or without a list."""
+    from cni.skel import valid_attachments
+
+    if valid_attachments(req.config) is None:
+        req.log("GC without cni.dev/valid-attachments: nothing removed (loopback keeps no state)")
