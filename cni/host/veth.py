@@ -86,7 +86,7 @@ def _finish(ipr, name: str, container_ns: int | str, ifname: str) -> Pair:
 
 def delete_container_end(container_ns: int | str, ifname: str) -> bool:
     """Delete the container's veth (the host end goes with it); False if the link was not
-    there. A missing namespace raises netns.NetnsMissing."""
+    there. A missing namespace raises errors.NamespaceMissing."""
     with netns.iproute(container_ns) as cipr:
         link = links.get(cipr, ifname)
         if link is None:
