@@ -35,3 +35,11 @@ def oci_image(tmp_path_factory) -> Path:
         return clients.build_image(work)
     except (AssertionError, subprocess.TimeoutExpired) as e:
         pytest.fail(f"building the busybox image failed: {e}")
+
+
+@pytest.fixture(scope="session")
+def pause_image(tmp_path_factory) -> Path:
+    """CRI's sandbox_image: busybox sleeping forever (no registry: nothing is pulled)."""
+    need("buildah")
+    return clients.build_image(tmp_path_factory.mktemp("pause"), clients.PAUSE_IMAGE,
+                               cmd=clients.PAUSE_CMD)

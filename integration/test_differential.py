@@ -4,8 +4,9 @@ them), each in its own throwaway node netns. Same result JSON modulo random veth
 netns paths; same pod addresses and routes; same store files; same reachability.
 
 Differences from the reference (v1.9, issue 17), each FIXED (now as the reference) or
-DELIBERATE (and why). Swapping binaries under live pods is tested in tests/test_swap.py, the v1.9
-nftables naming with literal strings in tests/test_parity.py.
+DELIBERATE (and why). Swapping binaries under live pods is tested in tests/test_swap.py (our
+runner) and integration/test_cri_swap.py (containerd's CRI), the v1.9 nftables naming with
+literal strings in tests/test_parity.py.
 - FIXED masquerade comment: SHA-512 hashes, `<h(net)>-<h(if:cid)>, net: N, if: I, id: C`, cut
   at 128 (was SHA-256); SHA-256 rules of earlier pycni are still removed by DEL and GC.
 - FIXED portmap rule comment: the bare container ID (was "<cid> <net> <ifname>", still removed).
@@ -23,7 +24,11 @@ nftables naming with literal strings in tests/test_parity.py.
   veths have txqueuelen 0.
 - FIXED preserveDefaultVlan defaults to false; vlan and vlanTrunk together are accepted.
 - DELIBERATE masquerade and hostPorts use nftables only; the 1.1.1 oracle uses iptables, so here
-  we compare traffic, not rules.
+  we compare traffic, not rules. Swapped under a live pod, each side's DEL leaves exactly the
+  other's masquerade and hostPort rules of the pod (pycni's go with `pycni gc`, the oracle's
+  iptables chains never), and each side's CHECK fails on the other's pod (pycni's at bridge, the
+  oracle's at portmap). The oracle's bridge DEL of a pycni attachment fails once (its go-iptables
+  misreads iptables-nft's "Chain ... does not exist"); the retry kubelet makes succeeds.
 - DELIBERATE portmap keeps a record chain per attachment (`pycni-att-...`) so GC works per
   network; the reference's DEL leaves it, our next GC removes it.
 - DELIBERATE GC of spoof checks goes by a missing host veth (their names carry no network); the

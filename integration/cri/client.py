@@ -154,16 +154,20 @@ class CRIClient:
         """kubelet's order: each container stopped and removed, then the sandbox (StopPodSandbox
         runs the CNI DEL chain; RemovePodSandbox forgets it)."""
         for cid in containers:
-            self.runtime.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0),
-                                       timeout=self.timeout)
-            self.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid),
-                                         timeout=self.timeout)
+            self.stop_remove_container(cid)
         self.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod_id),
                                     timeout=self.timeout)
         self.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id),
                                       timeout=self.timeout)
 
     # ---- containers ---------------------------------------------------------------------------
+
+    def stop_remove_container(self, container_id: str) -> None:
+        """StopContainer (no grace period) + RemoveContainer."""
+        self.runtime.StopContainer(pb.StopContainerRequest(container_id=container_id, timeout=0),
+                                   timeout=self.timeout)
+        self.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=container_id),
+                                     timeout=self.timeout)
 
     def create_start(self, pod: Pod, name: str, image: str, command: Sequence[str],
                      args: Sequence[str] = ()) -> str:

@@ -1,0 +1,170 @@
+"""A kubelet-like CRI node for the CRI tests (test_cri.py, test_cri_swap.py): the throwaway node
+running containerd 1.6 with its CRI plugin on given CNI dirs, the web pod kubelet would start
+(a hostPort and the two bandwidth annotations, busybox httpd), and readers of the node's state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from clients import (
+    PAUSE_IMAGE,
+    ROOT,
+    VENV_PY,
+    CRIContainerd,
+    Node,
+    PycniDaemon,
+    cgroup_parent,
+    cleanup,
+    leftovers,
+    wait_for,
+)
+from cnitest import Netns
+
+HTTPD = "localhost/pycni-busybox:test"  # conftest's oci_image
+NODE_ADDR = "192.0.2.30"  # the node's own addresses (on its lo); hostPort traffic goes to them
+NODE_ADDR6 = "2001:db8::30"
+HOST_PORT = 8080
+RATE = 1_000_000  # "1M" in the annotations: bit/s
+BODY = "hello from pycni\n"  # busybox_rootfs's /www/index.html
+
+# The reference's per-pod iptables chains are named by a hash, not the pod: "CNI-" + 24 hex
+# (bridge's masquerade) and "CNI-DN-" + 21 hex (portmap's DNAT), both cut at 28 characters.
+POD_CHAIN = re.compile(r"\bCNI-(?:DN-[0-9a-f]{21}|[0-9a-f]{24})\b")
+
+
+def cli(sock: Path, *args: str) -> Any:
+    """`python -m integration.cri.client --socket SOCK ...`, its JSON answer."""
+    proc = subprocess.run([str(VENV_PY), "-m", "integration.cri.client", "--socket", str(sock),
+                           *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def http_get(node: Node, addr: str, port: int) -> str:
+    proc = node.run("curl", "-sS", "--max-time", "3", f"http://{addr}:{port}/", check=False)
+    return proc.stdout if proc.returncode == 0 else ""
+
+
+def tbfs(node_netns: Netns, dev: str) -> list[dict[str, int]]:
+    """The options of each tbf qdisc on dev (rate in bytes/s, burst in bytes)."""
+    out = node_netns.run("tc", "-j", "qdisc", "show", "dev", dev).stdout
+    return [q["options"] for q in json.loads(out or "[]") if q.get("kind") == "tbf"]
+
+
+def tbf_rates(node_netns: Netns, dev: str) -> list[int]:
+    return [q["rate"] for q in tbfs(node_netns, dev)]
+
+
+def links_of_kind(node_netns: Netns, kind: str) -> list[dict[str, Any]]:
+    return [link for link in node_netns.ip("-d", "link", "show")
+            if link.get("linkinfo", {}).get("info_kind") == kind]
+
+
+def firewall(node: Node) -> list[str]:
+    """The node's nftables ruleset and iptables (v4, v6) dumps, line by line."""
+    dumps = [node.run("nft", "list", "ruleset").stdout]
+    dumps += [node.run(tool, check=False).stdout for tool in ("iptables-save", "ip6tables-save")]
+    return [line for text in dumps for line in text.splitlines()]
+
+
+def rules_naming(node: Node, *words: str) -> list[str]:
+    return [line for line in firewall(node) if any(w in line for w in words)]
+
+
+@dataclass
+class CRINode:
+    """A node whose containerd serves CRI on cni bin/conf dirs; state is its /var/lib/cni."""
+
+    netns: Netns
+    node: Node
+    ctrd: CRIContainerd
+    cri: Any  # cri.client.CRIClient
+    state: Path
+    cgroup: str
+    daemon: PycniDaemon | None
+
+
+@contextlib.contextmanager
+def cri_node(node_netns: Netns, tmp_path: Path, *, bin_dir: Path, conf_dir: Path,
+             images: list[Path], daemon: bool) -> Iterator[CRINode]:
+    """The node (with NODE_ADDR, NODE_ADDR6 on its lo), containerd with CRI on bin_dir and
+    conf_dir (with `pycni daemon` on and in containerd's environment if asked), the images
+    imported and seen by CRI; everything stopped at exit, pods removed through CRI first."""
+    from cri.client import CRIClient
+
+    node_netns.run("ip", "addr", "add", f"{NODE_ADDR}/32", "dev", "lo")
+    node_netns.run("ip", "addr", "add", f"{NODE_ADDR6}/128", "dev", "lo", "nodad")
+    state = tmp_path / "var-lib-cni"  # the node's /var/lib/cni
+    node = Node(node_netns.name, bin_dir=bin_dir, conf_dir=conf_dir, state_dir=state)
+    with cleanup(node.stop), cgroup_parent() as cgroup:
+        pycni_d = PycniDaemon(node, tmp_path / "daemon") if daemon else None
+        ctrd = CRIContainerd(node, tmp_path / "containerd", cni_bin=bin_dir, cni_conf=conf_dir,
+                             sandbox_image=PAUSE_IMAGE, env=pycni_d.env if pycni_d else None)
+        with cleanup(ctrd.stop, *([pycni_d.stop] if pycni_d else [])):
+            for image in images:
+                ctrd.ctr("images", "import", str(image))
+            with CRIClient(str(ctrd.sock)) as cri:
+                info = cri.wait_ready()
+                assert info["runtime_name"] == "containerd", info
+                cri.wait_image(PAUSE_IMAGE)
+                cri.wait_image(HTTPD)
+                yield CRINode(node_netns, node, ctrd, cri, state, cgroup, pycni_d)
+
+
+def run_web_pod(n: CRINode, conf: dict[str, Any], log_dir: Path) -> tuple[Any, list[str]]:
+    """What kubelet does to start a pod with a hostPort and bandwidth limits: the pod and its
+    IPs (one per range of the conflist, in its order: v4 first), each checked in its range."""
+    from cri.client import PortMap
+
+    pod = n.cri.run_pod(
+        "web", port_mappings=[PortMap(HOST_PORT, 80)],
+        annotations={"kubernetes.io/ingress-bandwidth": "1M",
+                     "kubernetes.io/egress-bandwidth": "1M"},
+        log_directory=str(log_dir), cgroup_parent=n.cgroup, dns_servers=["10.96.0.10"])
+    n.cri.create_start(pod, "httpd", HTTPD, ["/bin/httpd", "-f", "-p", "80", "-h", "/www"])
+    ip, more = n.cri.pod_ip(pod.id)
+    ips = [ip, *more]
+    subnets = [ipaddress.ip_network(r[0]["subnet"]) for r in conf["plugins"][0]["ipam"]["ranges"]]
+    assert [ipaddress.ip_address(a) in net for a, net in zip(ips, subnets, strict=True)] == \
+        [True] * len(subnets), (ips, subnets)
+    return pod, ips
+
+
+def host_port_addrs(ips: list[str]) -> tuple[str, ...]:
+    """Where the hostPort answers from the node: its address(es) and 127.0.0.1."""
+    return (NODE_ADDR, "127.0.0.1", *([f"[{NODE_ADDR6}]"] if len(ips) > 1 else []))
+
+
+def wait_host_port(n: CRINode, ips: list[str]) -> None:
+    for addr in host_port_addrs(ips):
+        body = wait_for(f"{addr}:{HOST_PORT} to answer",
+                        lambda addr=addr: http_get(n.node, addr, HOST_PORT),
+                        timeout=30, interval=0.5)
+        assert body == BODY
+
+
+def cache_path(n: CRINode, network: str, pod_id: str) -> Path:
+    """libcni's result cache entry of the pod's eth0, in the node's /var/lib/cni."""
+    return n.state / "results" / f"{network}-{pod_id}-eth0"
+
+
+def shared_leftovers(n: CRINode, network: str, pod_id: str) -> list[str]:
+    """What a removed pod may leave of the names both pycni and the reference use: veths and
+    `bwp` ifbs, host-local reservations, libcni cache entries, tc qdiscs, the pod netns.
+    Empty means clean."""
+    out = leftovers(n.netns.ip, n.state, network, [pod_id])
+    qdiscs = json.loads(n.netns.run("tc", "-j", "qdisc", "show").stdout)
+    out += [f"qdisc {q['kind']} {q['handle']} on {q['dev']}" for q in qdiscs
+            if q["kind"] in ("tbf", "ingress")]
+    if n.ctrd.netns_dir.exists():
+        out += [f"netns {p.name}" for p in n.ctrd.netns_dir.iterdir()]
+    return out
