@@ -24,7 +24,7 @@ from pathlib import Path
 
 import figures
 import pytest
-from cnitest import Netns
+from cnitest import BIN, Netns
 from relharness import (
     DAEMON_MODULE,
     TIMEOUT,
@@ -328,12 +328,21 @@ def test_lying_fd_count_is_refused(daemon: Daemon) -> None:
 
 
 def test_killed_shim_does_not_let_its_add_finish_after_del(host: Netns, pod: Netns, net: Net,
-                                                           daemon: Daemon) -> None:
+                                                           daemon: Daemon, tmp_path: Path) -> None:
     """Deterministic version of the race the shim-kill loop hits under load: the ADD is slow
-    (here: stopped), the runtime kills the plugin on its timeout and calls DEL at once.
-    Found by this suite; the daemon now stops a request whose caller hung up."""
+    (here: its IPAM sleeps, then it is stopped), the runtime kills the plugin on its timeout and
+    calls DEL at once. Found by this suite; the daemon now stops a request whose caller hung up.
+    The sleeping IPAM wrapper makes sure the ADD is still running when the test looks for it,
+    however loaded the machine is."""
     need_plugins("bridge")
+    slow = tmp_path / "slow-ipam"
+    slow.write_text(f'#!/bin/sh\nsleep 2\nexec {BIN / "host-local"} "$@"\n')
+    slow.chmod(0o755)
     t = _with_daemon(make_target("bridge", host, pod, net), daemon)
+    t.extra_env["CNI_PATH"] = f"{tmp_path}:{BIN}"
+    plain_conf = t.conf
+    t.conf = lambda cid: {**plain_conf(cid), "ipam": {**plain_conf(cid)["ipam"],
+                                                      "type": "slow-ipam"}}
     cid = "rlorphan-1"
     proc = spawn_add(host, "bridge", cid, t.netns, t.ifname, t.extra_env)
     assert proc.stdin is not None
