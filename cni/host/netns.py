@@ -69,12 +69,12 @@ def same_as_current(target: int | str) -> bool:
 
 
 def _new_iproute(target: int | str | None) -> IPRoute:
-    from pyroute2 import IPRoute
+    from cni.host.nlsync import SyncIPRoute  # IPRoute without its per-socket event loop
 
     if target is None:
-        return IPRoute()
+        return SyncIPRoute()
     with entered(target):
-        return IPRoute()
+        return SyncIPRoute()
 
 
 class _Borrowed(AbstractContextManager):
