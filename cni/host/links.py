@@ -23,16 +23,19 @@ def addresses(ipr, index: int) -> list[str]:
 
 def set_loopback(target: int | str, up: bool) -> list[str]:
     """Set lo up or down in the namespace; returns lo's addresses (after the change)."""
-    with netns.iproute(target) as ipr:
-        index = ipr.link_lookup(ifname="lo")[0]
-        ipr.link("set", index=index, state="up" if up else "down")
-        return _addresses(ipr, index) if up else []
+    from cni.host.rtnl import Rtnl  # not pyroute2: loopback runs in every pod (see rtnl.py)
+
+    with netns.entered(target), Rtnl() as nl:
+        index, _ = nl.link("lo")
+        nl.set_up(index, up)
+        return nl.addresses(index) if up else []
 
 
 def loopback_is_up(target: int | str) -> bool:
-    with netns.iproute(target) as ipr:
-        link = ipr.link("get", ifname="lo")[0]  # the lookup's reply is the link: one request
-        return bool(link["flags"] & IFF_UP)
+    from cni.host.rtnl import Rtnl
+
+    with netns.entered(target), Rtnl() as nl:
+        return bool(nl.link("lo")[1] & IFF_UP)
 
 
 # --- generic link helpers (bridge, veth) -------------------------------------------------------
