@@ -91,6 +91,10 @@ def get(ipr, name: str) -> Link | None:
 
     if not name or len(name) > IFNAMSIZ - 1:
         return None  # no link can have this name (a name dump would match nothing)
+    if hasattr(ipr, "link_fields"):  # SyncIPRoute: read it without pyroute2's decoder
+        fields = ipr.link_fields(name=name)
+        # The kernel also resolves alternative names; callers asked for IFLA_IFNAME.
+        return Link(**fields) if fields is not None and fields["name"] == name else None
     # RTM_GETLINK by name: get_links(ifname=) dumps and decodes every link in the namespace and
     # filters in Python (~30 ms with 60 links, vs ~1 ms).
     try:
@@ -107,6 +111,9 @@ def get(ipr, name: str) -> Link | None:
 def by_index(ipr, index: int) -> Link | None:
     from pyroute2.netlink.exceptions import NetlinkError
 
+    if hasattr(ipr, "link_fields"):
+        fields = ipr.link_fields(index=index)
+        return Link(**fields) if fields is not None else None
     try:
         msgs = ipr.get_links(index)
     except NetlinkError as e:

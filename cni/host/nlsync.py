@@ -9,8 +9,9 @@ waiting for the reply; here that wait is a blocking recv, so each coroutine runs
 in one step and no loop is needed. Everything else (request building, NLA encoding, message
 parsing, NetlinkError) is pyroute2's own code.
 
-Used for the sockets cni.host.netns hands out. It subscribes to no multicast group: the only
-messages the socket receives are replies to its own requests.
+Used for the sockets cni.host.netns hands out, and for conntrack (portmap's UDP flush). They
+subscribe to no multicast group: the only messages a socket receives are replies to its own
+requests.
 """
 
 from __future__ import annotations
@@ -21,10 +22,14 @@ import struct
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any
 
-from pyroute2 import IPRoute
+from pyroute2 import Conntrack, IPRoute
+from pyroute2.conntrack import AsyncConntrack
 from pyroute2.iproute.linux import AsyncIPRoute
 from pyroute2.netlink import NLM_F_MULTI
 from pyroute2.netlink.core import Stats
+from pyroute2.netlink.exceptions import NetlinkError
+
+from cni.host.rtnl import Rtnl
 
 _NLMSG_HEADER = struct.Struct("IHHII")  # length, type, flags, sequence number, port id
 _RCVSIZE = 1 << 16
@@ -73,13 +78,14 @@ class _Queue:
         return waiting.pop(0) if waiting else None
 
 
-class _AsyncCore(AsyncIPRoute):
-    """AsyncIPRoute whose socket is a plain blocking one and whose `get` reads it directly."""
+class _LoopFree:
+    """For a pyroute2 async netlink socket class: its socket a plain blocking one, and `get`
+    reading it directly (mixed in before the pyroute2 class)."""
 
-    def __init__(self) -> None:
+    def __init__(self, **kwarg: Any) -> None:
         self._sock: socket.socket | None = None
         self._queue = _Queue()
-        super().__init__(groups=0, flags=0)  # no events; flags=0: never O_CREAT a netns
+        super().__init__(**kwarg)
 
     @property
     def socket(self) -> socket.socket:
@@ -152,12 +158,11 @@ class _AsyncCore(AsyncIPRoute):
             self._sock = None
 
 
-class SyncIPRoute(IPRoute):
-    """IPRoute's API (link, addr, route, tc, get_links ...) with no event loop behind it."""
+class _Driven:
+    """For a pyroute2 sync class (SyncAPI): its calls drive the async core's coroutines
+    directly instead of through an event loop."""
 
-    def __init__(self) -> None:  # not super().__init__(): it would build the loop we avoid
-        self.asyncore = _AsyncCore()
-        self.asyncore.socket  # noqa: B018 - open it now, in the namespace we are in
+    asyncore: Any
 
     def _run_with_cleanup(self, func: Any, *argv: Any, **kwarg: Any) -> Any:
         return run(func(*argv, **kwarg))
@@ -177,3 +182,40 @@ class SyncIPRoute(IPRoute):
     def close(self, code: int = errno.ECONNRESET) -> None:
         self.asyncore.status["closed"] = True
         self.asyncore.close(code)
+
+
+class _AsyncIPRoute(_LoopFree, AsyncIPRoute):
+    pass
+
+
+class _AsyncConntrack(_LoopFree, AsyncConntrack):
+    pass
+
+
+class SyncIPRoute(_Driven, IPRoute):
+    """IPRoute's API (link, addr, route, tc, get_links ...) with no event loop behind it."""
+
+    def __init__(self) -> None:  # not super().__init__(): it would build the loop we avoid
+        # No events; flags=0: never O_CREAT a namespace.
+        self.asyncore = _AsyncIPRoute(groups=0, flags=0)
+        # The stdlib client for link reads, on this socket; its sequence numbers start above
+        # pyroute2's (AddrPool: 0xff-0xffff), and each side reads its replies to the end.
+        self.raw = Rtnl(self.asyncore.socket, seq=1 << 20)
+
+    def link_fields(self, name: str | None = None, index: int = 0) -> dict[str, Any] | None:
+        """A link's fields (links.Link) without pyroute2's decoder; None if it is missing.
+        Other errors are NetlinkError, as from pyroute2's own calls."""
+        try:
+            return self.raw.link_fields(name, index)
+        except OSError as e:
+            if e.errno is None:
+                raise
+            raise NetlinkError(e.errno) from None
+
+
+class SyncConntrack(_Driven, Conntrack):
+    """pyroute2's Conntrack (dump_entries, delete ...) with no event loop behind it."""
+
+    def __init__(self, nfgen_family: int) -> None:  # not super().__init__(), as SyncIPRoute
+        self.asyncore = _AsyncConntrack(nfgen_family=nfgen_family, flags=0)
+        self.asyncore.socket  # noqa: B018 - opened now, in the namespace we are in
