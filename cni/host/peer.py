@@ -28,19 +28,15 @@ def _container_side(target: int | str, ifname: str) -> tuple[int, int]:
     from pyroute2 import NetlinkError
 
     with netns.iproute(target) as ipr:
-        try:  # the reply to a lookup by name is the link itself: one request, not two
-            found = ipr.link("get", ifname=ifname)
+        try:  # one RTM_GETLINK by name, read without pyroute2's decoder (nlsync)
+            link = ipr.link_fields(name=ifname)
         except NetlinkError:
-            found = []  # what link_lookup made of any error
-        if not found:
+            link = None  # what link_lookup made of any error
+        if link is None:
             raise PeerError(f"container interface {ifname} not found")
-        link = found[0]
-        info = link.get_attr("IFLA_LINKINFO")
-        kind = info.get_attr("IFLA_INFO_KIND") if info is not None else None
-        peer = link.get_attr("IFLA_LINK")
-        if kind != "veth" or not peer:
+        if link["kind"] != "veth" or not link["peer_index"]:
             raise PeerError(f"container interface {ifname} has no veth peer")
-        return link["index"], peer
+        return link["index"], link["peer_index"]
 
 
 def host_veth(target: int | str, ifname: str) -> HostVeth:
@@ -50,11 +46,10 @@ def host_veth(target: int | str, ifname: str) -> HostVeth:
 
     with netns.iproute() as ipr:
         try:
-            links = ipr.get_links(peer)
+            link = ipr.link_fields(index=peer)
         except NetlinkError:
-            links = []
-        if not links or links[0].get_attr("IFLA_LINK") != index:
+            link = None
+        if link is None or link["peer_index"] != index:
             raise PeerError(f"veth peer with index {peer} of container interface {ifname} "
                             "is not in the host namespace")
-        link = links[0]
-        return HostVeth(link.get_attr("IFLA_IFNAME"), peer, link.get_attr("IFLA_MTU"))
+        return HostVeth(link["name"], peer, link["mtu"])
