@@ -48,11 +48,11 @@ from driver import (  # noqa: E402
     run_plugin,
 )
 
-from cni.plugins import MODULES  # noqa: E402
+from cni import registry  # noqa: E402
 
 VENV_PY = ROOT / ".venv" / "bin" / "python"
 REFERENCE = Path("/usr/lib/cni")
-PLUGINS = ("loopback", "bridge", "host-local", "portmap", "bandwidth")
+PLUGINS = registry.NAMES
 CHAIN = ("loopback", "bridge", "portmap", "bandwidth")
 RESULTS = ROOT / "bench" / "RESULTS.md"
 CLONE_NEWNET = 0x40000000
@@ -104,7 +104,7 @@ class Lab:
 
 
 def implemented(plugin: str) -> bool:
-    return importlib.util.find_spec(MODULES[plugin]) is not None
+    return importlib.util.find_spec(registry.PLUGINS[plugin]) is not None
 
 
 def our_bin(tmp: Path) -> tuple[Path, str]:
@@ -443,6 +443,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="concurrent rounds per side")
     parser.add_argument("--rounds-no-daemon", type=int, default=1,
                         help="concurrent rounds without the daemon (slow: every exec imports)")
+    parser.add_argument("--cri-pods", type=int, default=10,
+                        help="pods through containerd's CRI per side, one at a time (0: none)")
+    parser.add_argument("--cri-pods-no-daemon", type=int, default=3,
+                        help="CRI pods without the daemon (each takes seconds)")
     args = parser.parse_args()
     enter_private_mounts()
     ensure_iptables()
@@ -474,6 +478,11 @@ def main() -> int:
                         bench_concurrent(lab, side, args.pods, s)
         bench_rss(lab, sides, s)
         daemon_kb = daemon.memory_kb()
+        if args.cri_pods or args.cri_pods_no_daemon:
+            from cri_pods import bench_cri  # imports integration/'s helpers: only when asked
+
+            bench_cri([side.name for side in sides], args.cri_pods, args.cri_pods_no_daemon,
+                      s.add, s.errors.append)
     finally:
         daemon.stop()
     lines = ["# pycni vs the reference CNI plugins", "",
@@ -481,7 +490,9 @@ def main() -> int:
              "", *machine(), f"- pycni executables: {ours_how}",
              f"- runs: {args.iterations} pods one at a time per side, {args.version_runs} "
              f"VERSION per plugin, {args.pods} concurrent pods x {args.rounds} rounds "
-             f"({args.rounds_no_daemon} without the daemon), interleaved A/B/C", ""]
+             f"({args.rounds_no_daemon} without the daemon), interleaved A/B/C; "
+             f"{args.cri_pods} pods through containerd's CRI per side "
+             f"({args.cri_pods_no_daemon} without the daemon), one at a time, interleaved", ""]
     if missing:
         lines += [f"**Not implemented yet (lines skipped):** {', '.join(missing)}", ""]
     lines.append(table(s, sides, rss_lines(s, sides, daemon_kb)))

@@ -24,16 +24,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from cni import install as inst
+from cni.fast.protocol import DEFAULT_SOCKET, SOCKET_ENV
 from cni.host import nsfd
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "FAIL"
 PROBE_TIMEOUT = 30.0
 STORE_DIR = Path("/var/lib/cni/networks")
 CACHE_DIR = Path("/var/lib/cni")
-try:  # the shim's own constants (stdlib-only module), so doctor checks the socket it would use
-    from cni.fast.protocol import DEFAULT_SOCKET, SOCKET_ENV
-except ImportError:  # pragma: no cover - an older tree without the daemon
-    DEFAULT_SOCKET, SOCKET_ENV = "/run/pycni/pycni.sock", "PYCNI_SOCKET"
 
 
 @dataclass
@@ -278,7 +275,6 @@ def daemon_findings() -> list[Finding]:
 def python_findings() -> list[Finding]:
     out = []
     for mod, fix in (("pyroute2", "make setup"), ("pydantic", "make setup"),
-                     ("netaddr", "make setup"),
                      ("nftables", "apt-get install libnftables1, then make setup")):
         try:
             __import__(mod)

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cni import registry
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "bin" / "cni-plugin"
 CONF_SRC = ROOT / "conf"
-PLUGINS = ("bridge", "host-local", "loopback", "portmap", "bandwidth")
 MULTICALL = "pycni-plugin"
 MANIFEST = ".pycni-install.json"
 BACKUPS = ".pycni-backup"
@@ -167,7 +168,7 @@ def plan(bin_dir: Path, conf_dir: Path | None, conflist: str | None,
          cni_version: str | None = None, python: Path | None = None) -> list[Planned]:
     python = python or venv_python()
     items = [Planned(bin_dir / MULTICALL, "file", render_multicall(python, ROOT))]
-    items += [Planned(bin_dir / name, "symlink", target=MULTICALL) for name in PLUGINS]
+    items += [Planned(bin_dir / name, "symlink", target=MULTICALL) for name in registry.NAMES]
     if conf_dir is not None and conflist:
         src = conflist_source(conflist)
         items.append(Planned(conf_dir / src.name, "file", render_conflist(src, cni_version),

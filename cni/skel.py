@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import io
 import json
-import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cni import __version__
+from cni import __version__, deleted, registry
+from cni.spec import keys, names
 from cni.spec import version as versions
 from cni.spec.errors import CNIError, Code, invalid_config
 
@@ -26,8 +27,12 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "CNI_IFNAME": ("ADD", "CHECK", "DEL"),
     "CNI_PATH": ("ADD", "CHECK", "DEL", "GC", "STATUS"),
 }
-_ID_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
 MAX_STDIN = 16 * 1024 * 1024
+# GC's list of still-valid attachments: the spec's key, and the one libcni also sends (#1101).
+VALID_ATTACHMENT_KEYS = ("cni.dev/valid-attachments", "cni.dev/attachments")
+# The keys every plugin config may carry (the reference's types.NetConf), found however cased.
+COMMON_KEYS = ("cniVersion", "name", "type", "capabilities", "ipam", "dns", "args",
+               "runtimeConfig", "prevResult", *VALID_ATTACHMENT_KEYS)
 
 
 @dataclass
@@ -65,9 +70,11 @@ class Request:
         return self.config.get("name", "")  # run() refused a name that is not a string
 
     @property
-    def runtime_config(self) -> dict[str, Any]:
+    def runtime_config(self) -> keys.Keys:
+        """The capability args, their names found however cased (containerd's CRI capitalises
+        the keys inside them; each plugin matches those with cni.spec.keys too)."""
         value = self.config.get("runtimeConfig")
-        return value if isinstance(value, dict) else {}
+        return keys.match(value if isinstance(value, dict) else {}, keys.CAPABILITIES)
 
     @property
     def netns_target(self) -> int | str:
@@ -91,21 +98,23 @@ def run(plugin: str, env: Mapping[str, str], stdin: bytes, netns: int | None = N
             raise CNIError(Code.INVALID_ENV, f"unknown CNI_COMMAND: {command}")
         if command == "VERSION":
             return Reply(version_info(plugin, stdin).encode(), b"", 0)
+        if deleted.already_clean(plugin, env, time.time()):  # containerd's second DEL
+            return Reply(b"", b"", 0)
         _check_env(command, env)
-        config = decode_config(stdin)
+        config = keys.match(decode_config(stdin), COMMON_KEYS)
         version = config.get("cniVersion")
         if version is None or version == "":  # as the reference's decoder: absent means 0.1.0
             version = versions.DEFAULT_IF_MISSING
         elif not isinstance(version, str):
             version = versions.CURRENT
             raise CNIError(Code.DECODING_FAILURE, "cniVersion must be a string")
-        versions.require_supported(version, supported(plugin))
+        versions.require_supported(version, versions.SUPPORTED)
         _gate(command, version)
         _check_name(config)
         req = Request(
             plugin=plugin, command=command, container_id=env.get("CNI_CONTAINERID", ""),
             netns=env.get("CNI_NETNS", ""), ifname=env.get("CNI_IFNAME", ""),
-            args=parse_args(env.get("CNI_ARGS", "")),
+            args=names.parse_args(env.get("CNI_ARGS", "")),
             path=[p for p in env.get("CNI_PATH", "").split(":") if p], config=config,
             version=version, stdin=stdin, env=env, netns_fd=netns,
             log=lambda msg: err.write(f"{plugin}: {msg}\n"),
@@ -135,7 +144,11 @@ def dispatch(req: Request) -> str:
         if req.command in ("GC", "STATUS"):
             return ""  # nothing to collect, always available
         raise CNIError(Code.INTERNAL, f"{req.plugin} has no {req.command}")
+    if req.command == "ADD":
+        deleted.forget(req.plugin, req.container_id, req.ifname)
     result = fn(req)
+    if req.command == "DEL":
+        deleted.mark(req.plugin, req.container_id, req.ifname, time.time())
     if req.command != "ADD":
         return ""
     from cni.spec.result import from_current
@@ -151,8 +164,7 @@ def require_printable(result: dict | None, version: str) -> None:
 
 
 def load(plugin: str):
-    from cni.plugins import MODULES
-    name = MODULES.get(plugin)
+    name = registry.PLUGINS.get(plugin)
     if name is None:
         raise CNIError(Code.INTERNAL, f'unknown plugin "{plugin}"')
     import importlib
@@ -164,14 +176,9 @@ def load(plugin: str):
         raise
 
 
-def supported(plugin: str) -> tuple[str, ...]:
-    from cni.plugins import SUPPORTED_VERSIONS
-    return SUPPORTED_VERSIONS.get(plugin, versions.SUPPORTED)
-
-
 def about(plugin: str) -> str:
     return (f"CNI {plugin} plugin pycni {__version__}\n"
-            f"CNI protocol versions supported: {', '.join(supported(plugin))}\n")
+            f"CNI protocol versions supported: {', '.join(versions.SUPPORTED)}\n")
 
 
 def version_info(plugin: str, stdin: bytes) -> str:
@@ -183,7 +190,7 @@ def version_info(plugin: str, stdin: bytes) -> str:
             asked = value
     except (ValueError, AttributeError):
         pass
-    return json.dumps({"cniVersion": asked, "supportedVersions": list(supported(plugin))})
+    return json.dumps({"cniVersion": asked, "supportedVersions": list(versions.SUPPORTED)})
 
 
 def decode_config(stdin: bytes) -> dict[str, Any]:
@@ -203,8 +210,8 @@ def _check_env(command: str, env: Mapping[str, str]) -> None:
     if missing:
         raise CNIError(Code.INVALID_ENV, f"required env variables [{','.join(missing)}] missing")
     if command in ("ADD", "CHECK", "DEL"):
-        validate_container_id(env["CNI_CONTAINERID"])
-        validate_ifname(env["CNI_IFNAME"])
+        names.check_container_id(env["CNI_CONTAINERID"])
+        names.check_ifname(env["CNI_IFNAME"])
 
 
 def _gate(command: str, version: str) -> None:
@@ -221,37 +228,9 @@ def _check_name(config: dict) -> None:
     name = config["name"]
     if not isinstance(name, str):  # null too: the pydantic-checked plugins refuse it the same way
         raise invalid_config("name", name, "must be a string")
-    if not _ID_RE.match(name):
+    if not names.valid_id(name):
         raise CNIError(Code.INVALID_CONFIG, "invalid characters found in network name",
                        str(name))
-
-
-def validate_container_id(cid: str) -> None:
-    if not cid:
-        raise CNIError(Code.INVALID_ENV, "missing containerID")
-    if not _ID_RE.match(cid):
-        raise CNIError(Code.INVALID_ENV, "invalid characters in containerID", cid)
-
-
-def validate_ifname(name: str) -> None:
-    if not name:
-        raise CNIError(Code.INVALID_ENV, "interface name is empty")
-    try:
-        raw = name.encode("utf-8")
-    except UnicodeEncodeError:  # bytes that were not UTF-8 in the environment
-        raise CNIError(Code.INVALID_ENV, "interface name is not valid UTF-8",
-                       name.encode("utf-8", "surrogateescape").hex()) from None
-    if len(raw) > 15:  # IFNAMSIZ - 1, in bytes as the kernel counts
-        raise CNIError(Code.INVALID_ENV, "interface name is too long", name)
-    if name in (".", ".."):
-        raise CNIError(Code.INVALID_ENV, "interface name is . or ..", name)
-    if any(c in "/:\x00" or c.isspace() for c in name):
-        raise CNIError(Code.INVALID_ENV,
-                       "interface name contains / or : or whitespace characters", name)
-
-
-# GC's list of still-valid attachments: the spec's key, and the one libcni also sends (#1101).
-VALID_ATTACHMENT_KEYS = ("cni.dev/valid-attachments", "cni.dev/attachments")
 
 
 def valid_attachments(config: Mapping[str, Any]) -> set[tuple[str, str]] | None:
@@ -266,22 +245,9 @@ def valid_attachments(config: Mapping[str, Any]) -> set[tuple[str, str]] | None:
         raise invalid_config(key, items, "must be a list of {containerID, ifname}")
     out = set()
     for i, item in enumerate(items):
-        cid = item.get("containerID") if isinstance(item, dict) else None
-        ifname = item.get("ifname") if isinstance(item, dict) else None
+        cid = keys.get(item, "containerID") if isinstance(item, dict) else None
+        ifname = keys.get(item, "ifname") if isinstance(item, dict) else None
         if not isinstance(cid, str) or not isinstance(ifname, str):
             raise invalid_config(f"{key}[{i}]", item, "needs string containerID and ifname")
         out.add((cid, ifname))
     return out
-
-
-def parse_args(raw: str) -> list[tuple[str, str]]:
-    """CNI_ARGS 'K1=V1;K2=V2' -> pairs; a pair without '=' is code 4, as in the reference."""
-    pairs = []
-    for item in raw.split(";"):
-        if not item:
-            continue
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise CNIError(Code.INVALID_ENV, f'CNI_ARGS: invalid pair "{item}"')
-        pairs.append((key, value))
-    return pairs

@@ -15,6 +15,7 @@ import functools
 import json
 import os
 import resource
+import secrets
 import shutil
 import signal
 import subprocess
@@ -171,8 +172,10 @@ def busybox_rootfs(dest: Path, www: str = "hello from pycni\n") -> Path:
     return dest
 
 
-def build_image(work: Path, ref: str = "localhost/pycni-busybox:test") -> Path:
-    """An OCI archive built offline with `buildah from scratch` (storage in work/, no pulls)."""
+def build_image(work: Path, ref: str = "localhost/pycni-busybox:test",
+                cmd: tuple[str, ...] = ("/bin/sh",)) -> Path:
+    """An OCI archive built offline with `buildah from scratch` (storage in work/, no pulls);
+    cmd is the image's default command (a "pause" image is busybox sleeping forever)."""
     rootfs = busybox_rootfs(work / "rootfs")
     store = ["--root", str(work / "storage"), "--runroot", str(work / "runroot"),
              "--storage-driver", "vfs"]
@@ -187,7 +190,7 @@ def build_image(work: Path, ref: str = "localhost/pycni-busybox:test") -> Path:
     ctr = buildah("from", "scratch")
     try:
         buildah("copy", ctr, f"{rootfs}/", "/")
-        buildah("config", "--cmd", "/bin/sh", "--workingdir", "/", ctr)
+        buildah("config", "--cmd", json.dumps(list(cmd)), "--workingdir", "/", ctr)
         archive = work / "busybox.oci.tar"
         buildah("commit", "--format", "oci", "--quiet", ctr, f"oci-archive:{archive}:{ref}")
     finally:
@@ -201,7 +204,9 @@ def build_image(work: Path, ref: str = "localhost/pycni-busybox:test") -> Path:
 class Containerd:
     """A private containerd (own root, state, sockets; CRI off) running on the node."""
 
-    def __init__(self, node: Node, work: Path) -> None:
+    namespace = "default"  # where ctr imports images
+
+    def __init__(self, node: Node, work: Path, env: dict[str, str] | None = None) -> None:
         self.node, self.work = node, work
         work.mkdir(parents=True, exist_ok=True)
         # Unix socket paths are short (108 bytes): a short dir of its own, not under tmp_path.
@@ -209,18 +214,21 @@ class Containerd:
         self.sock = self.sock_dir / "containerd.sock"
         self.log = work / "containerd.log"
         config = work / "config.toml"
-        config.write_text(
+        config.write_text(self.config_toml())
+        with open(self.log, "wb") as log:
+            self.proc = node.popen("containerd", "--config", str(config), stdout=log,
+                                   stderr=subprocess.STDOUT, env=env)
+        wait_for("containerd's socket", self._up, timeout=30, interval=0.2)
+
+    def config_toml(self) -> str:
+        return (
             "version = 2\n"
-            f'root = "{work / "root"}"\nstate = "{work / "state"}"\n'
+            f'root = "{self.work / "root"}"\nstate = "{self.work / "state"}"\n'
             'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
             f'[grpc]\n  address = "{self.sock}"\n'
             f'[ttrpc]\n  address = "{self.sock}.ttrpc"\n'
             # containerd's "opt" plugin would make /opt/containerd otherwise.
-            f'[plugins."io.containerd.internal.v1.opt"]\n  path = "{work / "opt"}"\n')
-        with open(self.log, "wb") as log:
-            self.proc = node.popen("containerd", "--config", str(config), stdout=log,
-                                   stderr=subprocess.STDOUT)
-        wait_for("containerd's socket", self._up, timeout=30, interval=0.2)
+            f'[plugins."io.containerd.internal.v1.opt"]\n  path = "{self.work / "opt"}"\n')
 
     def _up(self) -> bool:
         if self.proc.poll() is not None:
@@ -229,10 +237,11 @@ class Containerd:
 
     def ctr(self, *args: str, check: bool = True, timeout: float = 120) -> \
             subprocess.CompletedProcess:
-        return self.node.run("ctr", "--address", str(self.sock), *args, check=check,
-                             timeout=timeout)
+        return self.node.run("ctr", "--address", str(self.sock), "--namespace",
+                             self.namespace, *args, check=check, timeout=timeout)
 
     def stop(self) -> None:
+        self.before_stop()
         tasks = self.ctr("tasks", "ls", "-q", check=False).stdout.split()
         for task in tasks:
             self.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False, timeout=30)
@@ -246,6 +255,145 @@ class Containerd:
                 self.proc.wait(timeout=10)
         kill_processes_mentioning(str(self.sock))  # shims outlive containerd by design
         shutil.rmtree(self.sock_dir, ignore_errors=True)
+
+    def before_stop(self) -> None:
+        """What a subclass tears down while containerd still runs."""
+
+
+PAUSE_IMAGE = "localhost/pycni-pause:test"  # CRI's sandbox_image: busybox sleeping forever
+PAUSE_CMD = ("/bin/sleep", "2147483647")
+
+
+def cri_conflist(reference: bool = False) -> dict[str, Any]:
+    """The pod chain a CRI node runs: conf/10-pycni.conflist at 1.0.0 (containerd 1.6's libcni
+    knows no later), without loopback (CRI adds its own) and without ipam's default route:
+    isDefaultGateway adds that already, and the reference bridge fails ADD on the duplicate
+    ("failed to add route ... file exists"). For the reference, without `backend`: theirs is
+    iptables."""
+    conf = json.loads((ROOT / "conf" / "10-pycni.conflist").read_text())
+    conf["cniVersion"] = "1.0.0"
+    conf["plugins"] = [p for p in conf["plugins"] if p["type"] != "loopback"]
+    bridge = conf["plugins"][0]
+    assert bridge["type"] == "bridge" and bridge["isDefaultGateway"], bridge
+    bridge["ipam"].pop("routes", None)
+    if reference:
+        for p in conf["plugins"]:
+            p.pop("backend", None)
+            p.pop("ipMasqBackend", None)
+    return conf
+
+
+class CRIContainerd(Containerd):
+    """A private containerd with its CRI plugin on, as a kubelet node runs it: CNI from bin_dir
+    and conf_dir (the runtime execs the plugins with its own environment, so env reaches them:
+    PYCNI_SOCKET), the pod netns under its own state dir, no pulls (sandbox_image must be
+    imported), cgroupfs driver, no AppArmor profile loaded into the machine's kernel, the
+    OOM score never below containerd's own."""
+
+    namespace = "k8s.io"  # CRI's images and containers live there
+
+    def __init__(self, node: Node, work: Path, *, cni_bin: Path, cni_conf: Path,
+                 sandbox_image: str, env: dict[str, str] | None = None) -> None:
+        self.cni_bin, self.cni_conf, self.sandbox_image = cni_bin, cni_conf, sandbox_image
+        super().__init__(node, work, env)
+
+    def config_toml(self) -> str:
+        cri = '[plugins."io.containerd.grpc.v1.cri"]'
+        return (
+            "version = 2\n"
+            f'root = "{self.work / "root"}"\nstate = "{self.work / "state"}"\n'
+            f'[grpc]\n  address = "{self.sock}"\n'
+            f'[ttrpc]\n  address = "{self.sock}.ttrpc"\n'
+            f'[plugins."io.containerd.internal.v1.opt"]\n  path = "{self.work / "opt"}"\n'
+            f"{cri}\n"
+            f'  sandbox_image = "{self.sandbox_image}"\n'
+            "  netns_mounts_under_state_dir = true\n"
+            "  disable_apparmor = true\n"
+            # the sandbox asks for oom_score_adj -998; a container host may forbid going below
+            # containerd's own (EACCES kills runc create): clamp to it, as rootless nodes do
+            "  restrict_oom_score_adj = true\n"
+            '  stream_server_address = "127.0.0.1"\n'
+            '  stream_server_port = "0"\n'
+            f"  [{cri[1:-1]}.cni]\n"
+            f'    bin_dir = "{self.cni_bin}"\n'
+            f'    conf_dir = "{self.cni_conf}"\n'
+            "    max_conf_num = 1\n"
+            f"  [{cri[1:-1]}.containerd]\n"
+            '    snapshotter = "overlayfs"\n'
+            '    default_runtime_name = "runc"\n'
+            f"    [{cri[1:-1]}.containerd.runtimes.runc]\n"
+            '      runtime_type = "io.containerd.runc.v2"\n'
+            f"      [{cri[1:-1]}.containerd.runtimes.runc.options]\n"
+            "        SystemdCgroup = false\n")
+
+    @property
+    def netns_dir(self) -> Path:
+        """Where CRI pins pod network namespaces (netns_mounts_under_state_dir)."""
+        return self.work / "state" / "io.containerd.grpc.v1.cri" / "netns"
+
+    def before_stop(self) -> None:
+        """Any pod a failed test left: stopped and removed through CRI (runs the CNI DEL)."""
+        from cri.client import CRIClient
+
+        with contextlib.suppress(Exception), CRIClient(str(self.sock), timeout=60) as client:
+            for pod_id in client.pod_ids():
+                with contextlib.suppress(Exception):
+                    client.stop_remove(pod_id)
+
+
+@contextlib.contextmanager
+def cgroup_parent() -> Iterator[str]:
+    """A pod cgroup parent of our own, as kubelet passes one (without one CRI puts pods under
+    /k8s.io in every hierarchy); removed, once empty, afterwards."""
+    name = f"pycni-cri-{secrets.token_hex(4)}"
+    try:
+        yield f"/{name}"
+    finally:
+        for top in Path("/sys/fs/cgroup").iterdir():
+            d = top / name
+            if d.is_dir():
+                for sub, _, _ in sorted(os.walk(d), key=lambda w: -len(w[0])):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(sub)
+
+
+
+class PycniDaemon:
+    """`pycni daemon` on the node, on a socket of its own (-v: it logs each request served)."""
+
+    def __init__(self, node: Node, work: Path) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="pycni-d-", dir="/tmp"))  # short socket path
+        self.socket = self.dir / "run" / "pycni.sock"
+        self.log = work / "daemon.log"
+        work.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "wb") as log:
+            self.proc = node.popen(str(VENV_PY), "-m", "cni.fast.daemon", "--socket",
+                                   str(self.socket), "-v", stdout=log,
+                                   stderr=subprocess.STDOUT, cwd=ROOT)
+        wait_for("the pycni daemon to listen", self._up, timeout=120, interval=0.1)
+
+    def _up(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"pycni daemon exited:\n{self.log.read_text()[-3000:]}")
+        return "listening" in self.log.read_text()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"PYCNI_SOCKET": str(self.socket)}
+
+    def served(self) -> int:
+        return self.log.read_text().count(" served ")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        kill_processes_mentioning(str(self.socket))  # forked children carry its argv
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # ---- podman ---------------------------------------------------------------------------------

@@ -13,13 +13,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import clients  # noqa: E402
 from clients import need  # noqa: E402
-from cnitest import Netns, delete_netns, new_netns  # noqa: E402
+from cnitest import Netns, delete_netns, forget_deleted_markers, new_netns  # noqa: E402
 
 
 @pytest.fixture
 def node_netns() -> Iterator[Netns]:
     """The node's network: a throwaway namespace, deleted whatever the test did."""
     need()
+    forget_deleted_markers()
     ns = new_netns("pycni-node")
     yield ns
     delete_netns(ns)

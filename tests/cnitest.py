@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,14 @@ def new_netns(prefix: str) -> Netns:
     ns = Netns(name)
     ns.run("ip", "link", "set", "lo", "up")
     return ns
+
+
+def forget_deleted_markers() -> None:
+    """A new throwaway node starts without cni.deleted's markers from earlier tests (on a real
+    node they live in /run: a node's own DELs made them)."""
+    from cni import deleted
+
+    shutil.rmtree(deleted.MARKER_DIR, ignore_errors=True)
 
 
 def delete_netns(ns: Netns) -> None:

@@ -4,7 +4,7 @@ import functools
 from collections.abc import Callable, Iterator
 
 import pytest
-from cnitest import Netns, Plugins, can_use_netns, delete_netns, new_netns
+from cnitest import Netns, Plugins, can_use_netns, delete_netns, forget_deleted_markers, new_netns
 
 
 @functools.cache
@@ -23,6 +23,7 @@ def pytest_collection_modifyitems(config, items):
 def netns_factory() -> Iterator[Callable[[str], Netns]]:
     """Makes namespaces that are deleted at teardown, whatever the test did."""
     made: list[Netns] = []
+    forget_deleted_markers()
 
     def make(prefix: str = "pycni-pod") -> Netns:
         ns = new_netns(prefix)

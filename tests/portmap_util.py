@@ -207,10 +207,24 @@ def answered_by(ns: Netns, proto: str, host: str, port: int) -> str:
     return ask(ns, proto, host, port).split(" ")[0]
 
 
+RECORD_PREFIX = "pycni-att-"
+
+
 def rules_with(ns: Netns, text: str) -> list[dict]:
-    """Every rule in the namespace's ruleset whose comment contains `text`."""
+    """Every container rule (not an attachment record) whose comment contains `text`."""
     return [o["rule"] for o in ns.nft_ruleset().get("nftables", [])
-            if "rule" in o and text in o["rule"].get("comment", "")]
+            if "rule" in o and text in o["rule"].get("comment", "")
+            and not o["rule"]["chain"].startswith(RECORD_PREFIX)]
+
+
+def records(ns: Netns) -> list[tuple[str, str, str]]:
+    """(family, record chain, comment) of every attachment record chain, in any state."""
+    objs = ns.nft_ruleset().get("nftables", [])
+    comments = {(o["rule"]["family"], o["rule"]["chain"]): o["rule"].get("comment", "")
+                for o in objs if "rule" in o}
+    return sorted((o["chain"]["family"], o["chain"]["name"],
+                   comments.get((o["chain"]["family"], o["chain"]["name"]), ""))
+                  for o in objs if "chain" in o and o["chain"]["name"].startswith(RECORD_PREFIX))
 
 
 def portmap_conf(prev: dict | None, mappings: list | None, **keys) -> dict:

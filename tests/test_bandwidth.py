@@ -7,8 +7,7 @@ so these tests depend on no other plugin. Traffic under shaping is in test_bandw
 from __future__ import annotations
 
 import pytest
-from cnitest import REFERENCE_BIN
-from test_bandwidth_helpers import (
+from bandwidth_util import (
     conf,
     ifbs,
     kinds,
@@ -18,6 +17,7 @@ from test_bandwidth_helpers import (
     tbf_of,
     wire,
 )
+from cnitest import REFERENCE_BIN
 
 from cni.host import tc
 from cni.plugins.bandwidth import derived_burst, ifb_name

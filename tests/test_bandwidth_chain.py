@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from bandwidth_util import ifbs, kinds, redirect_targets, tbf_of
 from bridge_util import conf as bridge_conf
 from bridge_util import ipam_path
-from test_bandwidth_helpers import ifbs, kinds, redirect_targets, tbf_of
 
 from cni.host import tc
 from cni.plugins.bandwidth import ifb_name

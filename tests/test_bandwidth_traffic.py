@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from test_bandwidth_helpers import conf, runtime_bw, wire
+from bandwidth_util import conf, runtime_bw, wire
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(shutil.which("iperf3") is None,
                                                    reason="iperf3 not installed")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 from bridge_util import conf, ipam_path, masq_rules, reservations, spoof_chains
@@ -27,29 +28,47 @@ def test_gc_removes_what_is_not_valid_and_keeps_the_rest(plugins, host, netns_fa
     plugins.ok("bridge", "ADD", other, container_id="b", netns=pods["b"].path, ifname="net1",
                path=ipam_path())
     assert len(masq_rules(host)) == 4 and len(spoof_chains(host)) == 8
+    subprocess.run(["ip", "netns", "del", pods["c"].name], check=True)  # c is gone, veth too
 
     for key in ("cni.dev/valid-attachments", "cni.dev/attachments"):
         gc_conf = c | {key: [attach("a")]}
         plugins.ok("bridge", "GC", gc_conf, container_id="", ifname="", path=ipam_path())
         comments = sorted(r["comment"].split("id: ")[1] for r in masq_rules(host))
         assert comments == ["a", "b"]  # testnet/a and othernet/b (another network's) are kept
-        assert len(spoof_chains(host)) == 4
+        # A spoof check's name (<cid>-<ifname>, the reference's) carries no network: one goes
+        # when it is not valid and its host veth is gone (c); b's pod is alive, so b-eth0 stays.
+        assert sorted(spoof_chains(host)) == [f"cni-br-iface-{ref}{mac}" for ref in (
+            "a-eth0", "b-eth0", "b-net1") for mac in ("", "-mac")]
         assert reservations(tmp_path) == ["10.22.0.2"]
         assert reservations(tmp_path, "othernet") == ["10.23.0.2"]
 
 
 @pytest.mark.root
-def test_gc_without_a_valid_list_or_with_a_bad_one_removes_nothing(plugins, host, netns_factory,
-                                                                   tmp_path) -> None:
-    """Found by the long fuzz: without the list, bridge took it as empty and removed every
-    masquerade rule of the network before host-local refused the GC."""
+def test_gc_without_a_valid_list_removes_nothing_and_succeeds(plugins, host, netns_factory,
+                                                              tmp_path) -> None:
+    """libcni's own GC (cnitool gc) sends no list after DELing every cached attachment: the
+    reference succeeds, and so do we, removing nothing (stale and live look alike)."""
     c = conf(tmp_path, version="1.1.0", ipMasq=True, macspoofchk=True)
     for cid in ("a", "b"):
         plugins.ok("bridge", "ADD", c, container_id=cid, netns=netns_factory("pycni-pod").path,
                    path=ipam_path())
     before = (masq_rules(host), spoof_chains(host), reservations(tmp_path))
-    for gc_conf, key in ((c, "cni.dev/valid-attachments null"),
-                         (c | {"cni.dev/valid-attachments": {"a": 1}},
+    code, out, err = plugins.exec("bridge", "GC", c, container_id="", ifname="",
+                                  path=ipam_path())
+    assert code == 0 and out is None, out
+    assert "no nftables rule removed" in err and "no reservation released" in err
+    assert (masq_rules(host), spoof_chains(host), reservations(tmp_path)) == before
+
+
+@pytest.mark.root
+def test_gc_with_a_bad_list_removes_nothing(plugins, host, netns_factory, tmp_path) -> None:
+    """Found by the long fuzz: a bad list must not be taken as empty."""
+    c = conf(tmp_path, version="1.1.0", ipMasq=True, macspoofchk=True)
+    for cid in ("a", "b"):
+        plugins.ok("bridge", "ADD", c, container_id=cid, netns=netns_factory("pycni-pod").path,
+                   path=ipam_path())
+    before = (masq_rules(host), spoof_chains(host), reservations(tmp_path))
+    for gc_conf, key in ((c | {"cni.dev/valid-attachments": {"a": 1}},
                           'cni.dev/valid-attachments {"a": 1}'),
                          (c | {"cni.dev/attachments": [attach("a"), {"containerID": "b"}]},
                           'cni.dev/attachments[1] {"containerID": "b"}')):

@@ -24,8 +24,8 @@ import pytest
 from cnitest import BIN, ROOT, VENV_PY, Netns, Plugins
 from test_shim import EXPENSIVE, assert_stdlib_only
 
+from cni import registry
 from cni.fast import protocol as proto
-from cni.plugins import MODULES
 
 pytestmark = pytest.mark.root
 NO_DAEMON = {"PYCNI_SOCKET": "/nonexistent/pycni.sock"}
@@ -124,7 +124,7 @@ def start_daemon() -> Iterator[Callable[..., Daemon]]:
 
 
 def exists(plugin: str) -> bool:
-    return importlib.util.find_spec(MODULES[plugin]) is not None
+    return importlib.util.find_spec(registry.PLUGINS[plugin]) is not None
 
 
 def require(*plugins: str) -> None:

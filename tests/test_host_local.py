@@ -452,8 +452,19 @@ def test_gc_leaves_exactly_the_valid_attachments(tmp_path):
     assert {"lock", "last_reserved_ip.0"} <= set(store_files(tmp_path))
 
 
-def test_gc_needs_the_valid_list_and_refuses_old_versions(tmp_path):
-    fails("GC", conf(tmp_path, "1.1.0"), 7, "valid-attachments")
+def test_gc_without_the_valid_list_releases_nothing_and_succeeds(tmp_path):
+    """libcni's GC without args (cnitool gc) sends no list: the reference succeeds. Releasing
+    on a missing list is how addresses vanish under live pods, so nothing is released."""
+    config = conf(tmp_path, "1.1.0")
+    ok("ADD", config, cid="c1")
+    before = reservations(tmp_path)
+    reply = skel.run("host-local", env("GC"), json.dumps(config).encode())
+    assert reply.code == 0 and reply.stdout == b"", reply
+    assert b"no reservation released" in reply.stderr
+    assert reservations(tmp_path) == before and len(before) == 1
+
+
+def test_gc_refuses_old_versions(tmp_path):
     fails("GC", conf(tmp_path, "1.0.0") | {"cni.dev/valid-attachments": []}, 1, "GC")
 
 

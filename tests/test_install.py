@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cni import doctor
+from cni import doctor, registry
 from cni import install as inst
 from cni.cli import main
 
@@ -60,7 +60,7 @@ def test_install_writes_direct_shebang_executables(dirs) -> None:
     assert inst.MARKER in text[:1024]
     assert f"_root = {str(ROOT)!r}  # pycni:root" in text
     assert os.access(multi, os.X_OK)
-    for name in inst.PLUGINS:
+    for name in registry.NAMES:
         assert (bin_dir / name).resolve() == multi.resolve()
     assert json.loads((conf_dir / src.name).read_text()) == LO_CONF
     # Bytecode is in place so the first exec compiles nothing.

@@ -18,8 +18,11 @@ from portmap_util import (
     ask,
     build_node,
     portmap_conf,
+    records,
     rules_with,
 )
+
+from cni.host import hostport
 
 pytestmark = pytest.mark.root
 
@@ -173,6 +176,20 @@ def test_snat_false_adds_no_masquerade(plugins, node, servers, host) -> None:
     assert ask(node.outside, "tcp", HOST_OUT[4], HOST_PORT) == f"A {OUTSIDE[4]}"
 
 
+def test_conditions_take_any_match_nftables_accepts(plugins, node, servers, host) -> None:
+    """`meta pkttype host` was refused by the old word allow-list; nft accepts it."""
+    pod_a, _ = pods(node)
+    servers.start(pod_a, "tcp", POD_PORT, "A")
+    add(plugins, node, pod_a, [mapping("tcp")], conditionsV4=["meta pkttype host"],
+        conditionsV6=["meta", "pkttype", "host", "ip6 saddr != fd99::/64"])
+    pre = [r for r in host.nft_ruleset()["nftables"] if "rule" in r
+           and r["rule"]["chain"] == "prerouting"]
+    assert {r["rule"]["family"] for r in pre if "pkttype" in str(r["rule"]["expr"])} == {
+        "ip", "ip6"}
+    assert answered_by(node.outside, "tcp", HOST_OUT[4], HOST_PORT) == "A"
+    assert answered_by(node.outside, "tcp", HOST_OUT[6], HOST_PORT) == "A"
+
+
 def test_conditions_restrict_who_is_forwarded(plugins, node, servers) -> None:
     pod_a, pod_b = pods(node)
     servers.start(pod_a, "tcp", POD_PORT, "A")
@@ -228,22 +245,106 @@ def test_check_passes_then_fails_when_a_rule_is_gone(plugins, node, host) -> Non
     assert code == 1 and "missing hostport rule" in out["msg"], out
 
 
+def second_network(node, pod, name="othernet", ifname="net1", n=5) -> dict:
+    """A second attachment of the same container: another network, interface and address."""
+    prev = node.prev_result(pod, ifname=ifname)
+    prev["ips"] = [{"interface": 2, "address": f"10.66.0.{n}/24"},
+                   {"interface": 2, "address": f"fd66::{n}/64"}]
+    conf = portmap_conf(prev, [mapping("tcp", host_port=9090)])
+    conf["name"] = name
+    return conf
+
+
+def test_rules_carry_the_bare_container_id_and_a_record_per_attachment(plugins, node,
+                                                                        host) -> None:
+    """The reference's DEL and CHECK select rules whose comment equals the container ID."""
+    pod_a, _ = pods(node)
+    add(plugins, node, pod_a, [mapping("tcp")], cid="ctr-a")
+    assert {r["comment"] for r in rules_with(host, "ctr-a")} == {"ctr-a"}
+    assert {r["chain"] for r in rules_with(host, "ctr-a")} == {"hostports", "masquerading"}
+    # sha512("pmnet")[:16] - sha512("eth0:ctr-a")[:16], worked out once by hand (hashlib).
+    chain = "pycni-att-283a4b7588489c88-376ebbf2634c3ec2"
+    assert records(host) == [("ip", chain, "ctr-a"), ("ip6", chain, "ctr-a")]
+    delete(plugins, node, pod_a, cid="ctr-a")
+    assert rules_with(host, "ctr-a") == [] and records(host) == []
+
+
+def test_del_of_one_network_keeps_the_same_containers_other_network(plugins, node,
+                                                                    host) -> None:
+    pod_a, _ = pods(node)
+    add(plugins, node, pod_a, [mapping("tcp")], cid="ctr-a")
+    plugins.ok("portmap", "ADD", second_network(node, pod_a), container_id="ctr-a",
+               netns=pod_a.path, ifname="net1")
+    delete(plugins, node, pod_a, cid="ctr-a")  # pmnet / eth0
+    left = rules_with(host, "ctr-a")
+    assert left and all("10.66.0.5" in str(r["expr"]) or "fd66::5" in str(r["expr"])
+                        for r in left)
+    assert len(records(host)) == 2  # othernet's, v4 and v6
+    plugins.ok("portmap", "DEL", second_network(node, pod_a) | {"prevResult": None},
+               container_id="ctr-a", netns=pod_a.path, ifname="net1")
+    assert rules_with(host, "ctr-a") == [] and records(host) == []
+
+
 def test_gc_removes_rules_of_attachments_not_valid(plugins, node, host) -> None:
     pod_a, pod_b = pods(node)
     add(plugins, node, pod_a, [mapping("tcp")], cid="ctr-a")
     add(plugins, node, pod_b, [mapping("udp")], cid="ctr-b")
-    other_net = portmap_conf(node.prev_result(pod_b), [mapping("tcp", host_port=9090)])
-    other_net["name"] = "othernet"
-    plugins.ok("portmap", "ADD", other_net, container_id="ctr-b", netns=pod_b.path)
+    plugins.ok("portmap", "ADD", second_network(node, pod_b), container_id="ctr-b",
+               netns=pod_b.path, ifname="net1")
+    # A rule the reference wrote: no record, so no network; GC can't tell whose it is.
+    host.run("nft", 'add rule ip cni_hostport hostports tcp dport 7777 dnat to 10.88.0.50:80 '
+             'comment "ctr-ref"')
     gc = {"cniVersion": "1.1.0", "name": "pmnet", "type": "portmap",
           "cni.dev/valid-attachments": [{"containerID": "ctr-b", "ifname": "eth0"}]}
     plugins.ok("portmap", "GC", gc)
     assert rules_with(host, "ctr-a") == []
-    assert rules_with(host, "ctr-b pmnet")
+    b_rules = rules_with(host, "ctr-b")
+    assert any("10.88.0.3" in str(r["expr"]) for r in b_rules)
     gc["cni.dev/valid-attachments"] = []
     plugins.ok("portmap", "GC", gc)
-    assert rules_with(host, "pmnet") == []
-    assert rules_with(host, "ctr-b othernet")  # another network's rules are not ours to collect
+    b_rules = rules_with(host, "ctr-b")
+    assert b_rules and not any("10.88.0.3" in str(r["expr"]) or "fd88::3" in str(r["expr"])
+                               for r in b_rules)
+    # another network's rules are not ours to collect, nor are rules without a record
+    assert [c for _, c, _ in records(host)] == 2 * [hostport.record_chain("ctr-b", "othernet",
+                                                                         "net1")]
+    assert len(rules_with(host, "ctr-ref")) == 1
+    code, out, err = plugins.exec("portmap", "GC", {k: v for k, v in gc.items()
+                                                   if k != "cni.dev/valid-attachments"})
+    assert code == 0 and "no rule removed" in err, (out, err)
+    assert len(rules_with(host, "ctr-b")) == len(b_rules)
+    delete(plugins, node, pod_a, cid="ctr-ref")  # the reference's rule goes by its comment
+    assert rules_with(host, "ctr-ref") == []
+
+
+LEGACY = [  # what pycni wrote before the v1.9 layout: comment "<cid> <network> <ifname>"
+    "add rule ip cni_hostport hostports tcp dport 8080 dnat to 10.88.0.2:80 "
+    'comment "ctr-a pmnet eth0"',
+    "add rule ip cni_hostport masquerading ip saddr 10.88.0.2 ip daddr 10.88.0.2 masquerade "
+    'comment "ctr-a pmnet eth0"',
+    "add rule ip6 cni_hostport hostports tcp dport 8080 dnat to [fd88::2]:80 "
+    'comment "ctr-a pmnet eth0"',
+]
+
+
+@pytest.mark.parametrize("verb", ["DEL", "GC", "ADD"])
+def test_rules_of_earlier_releases_are_removed(plugins, node, host, verb) -> None:
+    pod_a, _ = pods(node)
+    add(plugins, node, pod_a, [mapping("tcp", host_port=8081)], cid="ctr-z")
+    for line in LEGACY:
+        host.run("nft", line)
+    assert len(rules_with(host, "ctr-a pmnet eth0")) == 3
+    if verb == "DEL":
+        delete(plugins, node, pod_a, cid="ctr-a")
+    elif verb == "GC":
+        plugins.ok("portmap", "GC", {"cniVersion": "1.1.0", "name": "pmnet", "type": "portmap",
+                                     "cni.dev/valid-attachments": [
+                                         {"containerID": "ctr-z", "ifname": "eth0"}]})
+    else:  # a re-ADD after the upgrade replaces them
+        add(plugins, node, pod_a, [mapping("tcp")], cid="ctr-a")
+        assert {r["comment"] for r in rules_with(host, "ctr-a")} == {"ctr-a"}
+    assert rules_with(host, "ctr-a pmnet eth0") == []
+    assert rules_with(host, "ctr-z")  # someone else's stay
 
 
 def test_status(plugins) -> None:
@@ -298,6 +399,11 @@ BAD = [
     ({"conditionsV4": ["ip daddr 10.0.0.1 counter"]}, None, 7, "conditionsV4"),
     ({"conditionsV4": ["tcp dport", "{ 1, 2 } dnat to 1.2.3.4"]}, None, 7, "conditionsV4"),
     ({"conditionsV4": "ip daddr 1.2.3.4"}, None, 7, "conditionsV4"),
+    ({"conditionsV4": ["meta pkttype bogus"]}, None, 7, "conditionsV4"),  # nft refuses it
+    ({"conditionsV6": ["ip saddr 10.0.0.0/8"]}, None, 7, "conditionsV6"),  # wrong family
+    ({"conditionsV4": ["ip saddr @evil"]}, None, 7, "conditionsV4"),
+    ({"conditionsV4": ["ip saddr 10.0.0.1 log"]}, None, 7, "conditionsV4"),
+    ({"conditionsV4": ["ct count over 10"]}, None, 7, "conditionsV4"),
 ]
 
 
@@ -314,13 +420,20 @@ def test_bad_input_is_refused_and_changes_nothing(plugins, node, host, keys, ext
     assert host.run("nft", "list", "ruleset").stdout == before
 
 
-def test_host_ip_family_without_a_container_ip_is_refused(plugins, node, host) -> None:
+def test_host_ip_of_a_family_the_pod_lacks_is_skipped(plugins, node, host, servers) -> None:
+    """As the reference: a wrong-family hostIP maps nothing, the rest is set up; we say so."""
     pod_a, _ = pods(node)
+    servers.start(pod_a, "tcp", POD_PORT, "A")
     prev = node.prev_result(pod_a)
     prev["ips"] = prev["ips"][:1]  # v4 only
-    conf = portmap_conf(prev, [mapping(host_ip="fd77::1")])
-    rc, out, _ = plugins.exec("portmap", "ADD", conf, container_id="ctr-a", netns=pod_a.path)
-    assert rc == 1 and out["code"] == 7 and "portMappings[0].hostIP" in out["msg"], out
+    conf = portmap_conf(prev, [mapping(host_ip="fd77::1"), mapping(host_port=8082)])
+    rc, out, err = plugins.exec("portmap", "ADD", conf, container_id="ctr-a", netns=pod_a.path)
+    assert rc == 0 and out == prev, out
+    assert "portMappings[0]: hostIP fd77::1 skipped" in err
+    dnat = [r for r in rules_with(host, "ctr-a") if r["chain"] == "hostports"]
+    assert [r["family"] for r in dnat] == ["ip"] and "8082" in str(dnat[0]["expr"])
+    assert answered_by(node.outside, "tcp", HOST_OUT[4], 8082) == "A"
+    assert answered_by(node.outside, "tcp", HOST_OUT[6], HOST_PORT) == "REFUSED"
 
 
 def test_failing_batch_changes_nothing(plugins, node, host) -> None:

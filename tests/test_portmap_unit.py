@@ -15,6 +15,9 @@ from cni.plugins.portmap import container_ips
     (['iifname != "veth*"'], 'iifname != "veth*"'),
     (["meta mark & 0x4000 == 0x4000"], "meta mark & 0x4000 == 0x4000"),
     (["ip6 saddr fd00::/8 tcp dport 1000-2000"], "ip6 saddr fd00::/8 tcp dport 1000-2000"),
+    (["meta pkttype host"], "meta pkttype host"),
+    (["fib saddr type != local", "ct state established,related"],
+     "fib saddr type != local ct state established, related"),
 ])
 def test_conditions_accepted(tokens, text) -> None:
     assert hostport.conditions_text(tokens) == text
@@ -26,19 +29,21 @@ def test_conditions_accepted(tokens, text) -> None:
     ["iifname accept"], ["iifname", "jump"], ["ip saddr @set"], ["ip saddr $var"],
     ["ip daddr vmap { 1.2.3.4 : drop }"], ["{ { 1 } }"], ["}"], ["{ 1"], ['"eth0'],
     ["ip daddr 1.2.3.4 # comment"], ['iifname "a; drop"'], ["log prefix x"],
+    ["ct count over 10"], ["limit rate 1/second"], ["ip saddr 1.2.3.4 notrack"],
+    ["meta mark set 1"], ["ip daddr 1.2.3.4 reject"], ["ip daddr 1.2.3.4 queue"],
 ])
 def test_conditions_refused(tokens) -> None:
     with pytest.raises(ValueError):
         hostport.conditions_text(tokens)
 
 
-def test_owner_fits_nft_comment_and_is_stable() -> None:
-    assert hostport.owner("abc", "net", "eth0") == "abc net eth0"
-    long = hostport.owner("c" * 200, "n" * 200, "äöü#")
-    assert len(long) <= 128 and long == hostport.owner("c" * 200, "n" * 200, "äöü#")
-    assert hostport.owner_in_network(hostport.owner("abc", "net", "eth0"), "net") == (
-        "abc", "eth0")
-    assert hostport.owner_in_network("abc", "net") is None  # the reference's bare IDs
+def test_legacy_owner_is_still_read() -> None:
+    assert hostport.legacy_owner("abc", "net", "eth0") == "abc net eth0"
+    long = hostport.legacy_owner("c" * 200, "n" * 200, "äöü#")
+    assert len(long) <= 128 and long == hostport.legacy_owner("c" * 200, "n" * 200, "äöü#")
+    owner = hostport.legacy_owner("abc", "net", "eth0")
+    assert hostport.legacy_owner_in_network(owner, "net") == ("abc", "eth0")
+    assert hostport.legacy_owner_in_network("abc", "net") is None  # the reference's bare IDs
 
 
 def test_container_ips_first_per_family_on_the_sandbox_ifname() -> None:

@@ -105,7 +105,7 @@ def test_unexpected_exception_is_999_without_traceback_on_stdout(monkeypatch) ->
 
 
 def test_version_via_binary_imports_nothing_heavy() -> None:
-    """The exec'd binary answers VERSION without pyroute2, pydantic, netaddr or click."""
+    """The exec'd binary answers VERSION without pyroute2, pydantic or click."""
     probe = (
         "import runpy, sys, os, io\n"
         "sys.argv = ['loopback']\n"
@@ -116,7 +116,7 @@ def test_version_via_binary_imports_nothing_heavy() -> None:
         f"    runpy.run_path({str(BIN / 'cni-plugin')!r}, run_name='__main__')\n"
         "except SystemExit:\n"
         "    pass\n"
-        "heavy = [m for m in ('pyroute2', 'pydantic', 'netaddr', 'click', 'nftables')"
+        "heavy = [m for m in ('pyroute2', 'pydantic', 'click', 'nftables')"
         " if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
     )

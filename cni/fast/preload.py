@@ -8,7 +8,7 @@ import logging
 
 log = logging.getLogger("pycni.daemon")
 
-HEAVY_MODULES = ("pyroute2", "pyroute2.iproute", "pydantic", "netaddr", "nftables", "cni.skel")
+HEAVY_MODULES = ("pyroute2", "pyroute2.iproute", "pydantic", "nftables", "cni.skel")
 # Imported inside functions on the request path: imported here, or every child pays for it
 # (bandwidth's tc/ifb/peer alone cost ~3 ms a request: module bodies, dataclass builds).
 LAZY_MODULES = ("pyroute2.conntrack", "pyroute2.netlink.exceptions",
@@ -19,10 +19,10 @@ PACKAGES = ("cni.spec", "cni.host", "cni.ipam", "cni.plugins")  # every module i
 
 def preimport(extra: tuple[str, ...] = ()) -> list[str]:
     """Import what requests need, once; returns what is missing (a plugin not written yet)."""
-    from cni.plugins import MODULES
+    from cni.registry import PLUGINS
 
     missing = []
-    for name in HEAVY_MODULES + tuple(MODULES.values()) + LAZY_MODULES + _modules_of(PACKAGES) \
+    for name in HEAVY_MODULES + tuple(PLUGINS.values()) + LAZY_MODULES + _modules_of(PACKAGES) \
             + extra:
         try:
             importlib.import_module(name)
@@ -57,9 +57,9 @@ def warm_up() -> None:
     """Touch what every request touches: skel, and a netlink socket (read-only, own netns)."""
     from cni import skel
     from cni.host import netns
-    from cni.plugins import MODULES
+    from cni.registry import PLUGINS
 
-    for plugin in MODULES:
+    for plugin in PLUGINS:
         skel.run(plugin, {"CNI_COMMAND": "VERSION"}, b'{"cniVersion":"1.0.0"}')
     try:
         with netns.iproute() as ipr:

@@ -3,6 +3,7 @@ both loaded on the daemon path only: VERSION imports neither).
 
 - VERSION: answered here without importing json, re, dataclasses or cni.skel (they cost more
   than the interpreter's own start-up); anything unusual on stdin is left to skel.
+- DEL with an empty CNI_NETNS of an attachment a DEL already cleaned (cni.deleted): success.
 - ADD/CHECK/DEL/GC/STATUS: sent to the daemon (protocol.py) with the netns fd and the caller's
   namespaces; its reply is relayed as is.
 - Everything else, and any request the daemon never accepted: skel.run in-process, same result.
@@ -31,6 +32,8 @@ def main(argv0: str) -> int:
     if command == "VERSION":
         out = fast_version(plugin, stdin)
         reply = None if out is None else (out, b"", 0)
+    elif command == "DEL" and _already_clean(plugin):
+        reply = (b"", b"", 0)  # containerd's second DEL: skel.run would answer the same
     elif command in DAEMON_COMMANDS and len(stdin) <= MAX_STDIN:
         from cni.fast import protocol as proto  # off VERSION's path: it loads _struct
 
@@ -41,6 +44,14 @@ def main(argv0: str) -> int:
     write(1, reply[0])
     write(2, reply[1])
     return reply[2]
+
+
+def _already_clean(plugin: str) -> bool:
+    import time
+
+    from cni import deleted
+
+    return deleted.already_clean(plugin, os.environ, time.time())
 
 
 def leave(code: int) -> None:  # never returns (typing.NoReturn: importing typing costs 7 ms)
@@ -71,13 +82,10 @@ def in_process(plugin: str, stdin: bytes) -> Reply:
 
 def fast_version(plugin: str, stdin: bytes) -> bytes | None:
     """skel.version_info's exact bytes for the stdin runtimes send; None: ask skel."""
-    from cni.plugins import SUPPORTED_VERSIONS
-
-    supported = SUPPORTED_VERSIONS.get(plugin, SUPPORTED)
     asked = asked_version(stdin)
-    if asked is None or not all(_plain(v) for v in supported):
+    if asked is None:
         return None
-    listed = ", ".join(f'"{v}"' for v in supported)
+    listed = ", ".join(f'"{v}"' for v in SUPPORTED)
     return f'{{"cniVersion": "{asked}", "supportedVersions": [{listed}]}}'.encode()
 
 
@@ -106,10 +114,6 @@ def asked_version(stdin: bytes) -> str | None:
         return None
     version = text.decode("ascii")
     return version if version in SUPPORTED else CURRENT
-
-
-def _plain(version: str) -> bool:
-    return bool(version) and all(c in "0123456789." for c in version)
 
 
 # --- the daemon ---------------------------------------------------------------------------------

@@ -41,8 +41,17 @@ def set_arp_notify(ifname: str) -> None:
         pass
 
 
+def broadcast(iface: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> dict:
+    """The `brd` an IPv4 address gets (the subnet's broadcast, as the reference's netlink
+    AddrAdd computes it; none for /31 and /32); IPv6 has none."""
+    if iface.version == 4 and iface.network.prefixlen < 31:
+        return {"broadcast": str(iface.network.broadcast_address)}
+    return {}
+
+
 def _enable_ipv6(ifname: str) -> None:
-    """disable_ipv6=0 on lo and the interface before adding a v6 address to it."""
+    """disable_ipv6=0 on lo and the interface before adding a v6 address to it, and
+    keep_addr_on_down=1 on the interface (the reference's: a v6 address survives a link down)."""
     for name in ("lo", ifname):
         key = sysctl.conf(6, name, "disable_ipv6")
         try:
@@ -54,6 +63,10 @@ def _enable_ipv6(ifname: str) -> None:
             sysctl.write(key, 0)
         except OSError as e:
             raise _err(f'failed to enable IPv6 for interface "{name}": {e}') from None
+    try:
+        sysctl.write(sysctl.conf(6, ifname, "keep_addr_on_down"), 1)
+    except OSError:
+        pass  # informative, as in the reference
 
 
 def configure_iface(ifname: str, ips: list[dict], route_list: list[dict]) -> None:
@@ -77,7 +90,7 @@ def configure_iface(ifname: str, ips: list[dict], route_list: list[dict]) -> Non
                 v6 = True
             try:
                 ipr.addr("add", index=link.index, address=str(iface.ip),
-                         prefixlen=iface.network.prefixlen)
+                         prefixlen=iface.network.prefixlen, **broadcast(iface))
             except NetlinkError as e:
                 raise _err(f'failed to add IP addr {ipc["address"]} to "{ifname}": '
                            f"{e.args[1] if len(e.args) > 1 else e}") from None
@@ -138,7 +151,7 @@ def ensure_gateway(ifname: str, cidr: str, force: bool) -> None:
                 ipr.addr("del", index=link.index, address=str(have.ip),
                          prefixlen=have.network.prefixlen)
         # No DAD for a v6 gateway: pods can use it as soon as ADD returns, not ~2 s later.
-        flags = {"flags": IFA_F_NODAD} if want.version == 6 else {}
+        flags = {"flags": IFA_F_NODAD} if want.version == 6 else broadcast(want)
         try:
             ipr.addr("add", index=link.index, address=str(want.ip),
                      prefixlen=want.network.prefixlen, **flags)

@@ -137,13 +137,17 @@ def port_vlans(ipr, index: int) -> list[dict]:
 
 
 def pin_mac(br: links.Link) -> None:
-    """Set the bridge's MAC to itself (as `ensure` just read it): otherwise it follows the
-    lowest port MAC and changes as ports come and go (reference #805)."""
+    """Set the bridge's MAC to itself, once it has a port: otherwise it follows the lowest port
+    MAC and changes as ports come and go (reference #805). Pinned while portless, the kernel
+    leaves the bridge id at 0 and the bridge in operstate UNKNOWN, so call this after attach."""
     from cni.host import netns
 
     with netns.iproute() as ipr:
+        current = links.by_index(ipr, br.index)
+        if current is None:
+            raise _err(f'could not lookup "{br.name}": Link not found')
         try:
-            links.set_mac(ipr, br.index, br.mac)
+            links.set_mac(ipr, br.index, current.mac)
         except Exception as e:
             raise _err(f"could not set bridge's mac: {e}") from None
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from cni.host import nft
+from cni.host import masq, nft
 
 TABLE = "cni_hostport"
 HOSTPORTS = "hostports"
@@ -69,36 +69,142 @@ class Rule:
         return (self.chain, self.matches, self.action)
 
 
-# --- owner comments ---------------------------------------------------------------------------
+# --- owner comments and attachment records -----------------------------------------------------
+#
+# Every container rule's comment is the bare container ID, as the reference writes it: its DEL and
+# CHECK select the rules whose comment *equals* CNI_CONTAINERID, so each side removes and checks the
+# other's rules. The ID names no network, so pycni also writes, per attachment and family, a record
+# chain in the same table (never jumped to):
+#
+#     chain pycni-att-<hash(net)>-<hash(ifname:cid)> { ip daddr <container IP> comment "<cid>" }
+#
+# (hashes as the masquerade comments', cni.host.masq). GC finds a network's attachments by the
+# chain-name prefix and each one's rules by comment and container IP (the DNAT target, or the
+# masquerade rule's daddr); DEL of one attachment leaves the rules another attachment of the same
+# container records (another network with portmap). Records and rules change in one batch, so they
+# never disagree; rules with no record (the reference's own) are found by DEL and CHECK by their
+# comment, and are not GC'ed by network (the reference has no portmap GC at all).
+#
+# pycni releases before the v1.9 layout commented rules "<cid> <network> <ifname>" ("legacy"):
+# DEL, re-ADD and GC still find those by that comment.
+
+RECORD_PREFIX = "pycni-att-"
+
+
+def rule_comment(container_id: str) -> str:
+    """The container ID itself; one over nft's 128 bytes (the reference can't write it at all)
+    becomes a digest that no valid ID equals ('=' can't start one)."""
+    if len(container_id) <= 128 and _PLAIN.match(container_id):
+        return container_id
+    return "=" + hashlib.sha512(container_id.encode()).hexdigest()[:32]
+
+
+def record_chain(container_id: str, network: str, ifname: str) -> str:
+    return RECORD_PREFIX + masq.hash_for_instance(network, ifname, container_id)
+
+
+def network_record_prefix(network: str) -> str:
+    return RECORD_PREFIX + masq.hash_for_network(network) + "-"
+
+
+@dataclass
+class Listing:
+    """One family's table at one moment: chain names and rules (one `nft list table`)."""
+
+    family: int
+    chains: set[str]
+    rules: list[dict[str, Any]]
+
+    def records(self) -> dict[str, tuple[str | None, str | None]]:
+        """Record chain -> (owner comment, container IP); (None, None) for an empty one."""
+        out: dict[str, tuple[str | None, str | None]] = {
+            c: (None, None) for c in self.chains if c.startswith(RECORD_PREFIX)}
+        for r in self.rules:
+            if str(r.get("chain", "")).startswith(RECORD_PREFIX):
+                sig = signature(r, allow_no_action=True)
+                ip = next((v for left, v in sig[1] if left.endswith("daddr")), None) \
+                    if sig else None
+                out[r["chain"]] = (r.get("comment"), ip)
+        return out
+
+    def owned(self, comment: str) -> list[dict[str, Any]]:
+        return [r for r in self.rules if r.get("chain") in OWNED_CHAINS
+                and r.get("comment") == comment]
+
+
+def attachment_rules(listing: Listing, comment: str, chain: str) -> list[dict[str, Any]]:
+    """The rules of the attachment whose record chain is `chain` and rule comment `comment`:
+    those with that comment whose container IP is its record's, or no other record's."""
+    records = listing.records()
+    own = {ip for c, (_, ip) in records.items() if c == chain and ip}
+    others = {ip for c, (cmt, ip) in records.items() if c != chain and cmt == comment and ip}
+    return [r for r in listing.owned(comment)
+            if container_ip(r) in own or container_ip(r) not in others]
+
+
+def stale_records(listing: Listing, network: str,
+                  keep: set[str]) -> tuple[list[str], list[dict[str, Any]]]:
+    """GC: the network's record chains not in `keep` and the rules they record (none that a
+    kept record of the same comment and IP also claims)."""
+    records = listing.records()
+    prefix = network_record_prefix(network)
+    stale = [c for c in records if c.startswith(prefix) and c not in keep]
+    live = {(cmt, ip) for c, (cmt, ip) in records.items() if c not in stale}
+    rules = [r for c in stale if records[c][0] and records[c][1]
+             for r in listing.owned(records[c][0])
+             if container_ip(r) == records[c][1] and (records[c][0], records[c][1]) not in live]
+    return stale, rules
+
+
+def container_ip(rule: dict[str, Any]) -> str | None:
+    """The pod address a container rule is about: its DNAT target, or masquerade's daddr."""
+    sig = signature(rule)
+    if sig is None:
+        return None
+    if sig[2][0] == "dnat":
+        return sig[2][1]
+    return next((v for left, v in sig[1] if left.endswith("daddr")), None)
+
+
+def record_script(family: int, chain: str, ip: str, comment: str) -> str:
+    """(Re)write one attachment's record in this family."""
+    t = f"{NFT_FAMILY[family]} {TABLE}"
+    name = nft.chain_name(chain)
+    return (f"add chain {t} {name}\nflush chain {t} {name}\n"
+            f"add rule {t} {name} {NFT_FAMILY[family]} daddr {ipaddress.ip_address(ip)} "
+            f"comment {nft.quote(comment)}\n")
+
+
+def drop_chains_script(family: int, chains: Iterable[str]) -> str:
+    t = f"{NFT_FAMILY[family]} {TABLE}"
+    names = [nft.chain_name(c) for c in chains]
+    return "".join(f"flush chain {t} {c}\ndelete chain {t} {c}\n" for c in names)
+
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_.@=+,\-]+$")
 
 
 def _part(value: str, limit: int) -> str:
-    """A comment word: the value itself when short and safe, else a digest ('=' + 16 hex).
-
-    Container IDs and network names cannot start with '=' and interface names are at most 15
-    bytes, so a digest never collides with a plain value.
-    """
+    """A legacy comment word: the value itself when short and safe, else '=' + 16 hex."""
     if value and len(value) <= limit and _PLAIN.match(value) and not value.startswith("="):
         return value
     return "=" + hashlib.sha256(value.encode()).hexdigest()[:16]
 
 
-def owner(container_id: str, network: str, ifname: str) -> str:
-    """'<containerID> <network> <ifname>': at most 64+1+40+1+17 bytes, within nft's 128."""
+def legacy_owner(container_id: str, network: str, ifname: str) -> str:
+    """The comment pycni wrote before the v1.9 layout: '<containerID> <network> <ifname>'."""
     return f"{_part(container_id, 64)} {_part(network or '-', 40)} {_part(ifname, 17)}"
 
 
-def owner_in_network(comment: str, network: str) -> tuple[str, str] | None:
-    """(container part, ifname part) when the comment is one of ours for `network`."""
+def legacy_owner_in_network(comment: str, network: str) -> tuple[str, str] | None:
+    """(container part, ifname part) when the comment is a legacy one of `network`."""
     words = comment.split(" ")
     if len(words) == 3 and words[1] == _part(network or "-", 40):
         return words[0], words[2]
     return None
 
 
-def attachment_key(container_id: str, ifname: str) -> tuple[str, str]:
+def legacy_attachment_key(container_id: str, ifname: str) -> tuple[str, str]:
     return _part(container_id, 64), _part(ifname, 17)
 
 
@@ -161,28 +267,30 @@ def _skeleton(family: int, conditions: str, snat: bool) -> str:
 
 
 def add_script(rules: list[Rule], comment: str, conditions: dict[int, str], snat: bool,
-               replace: list[dict[str, Any]]) -> str:
-    """One batch: the skeleton of each family in use, drop `replace` (our older rules), add."""
+               replace: list[dict[str, Any]], records: dict[int, tuple[str, str]],
+               drop_records: dict[int, list[str]]) -> str:
+    """One batch: the skeleton of each family in use, drop `replace` (our older rules) and the
+    `drop_records` chains, add the rules and (re)write each family's record (chain, IP)."""
     families = sorted({r.family for r in rules})
     script = "".join(_skeleton(f, conditions.get(f, ""), snat) for f in families)
     script += nft.delete_rules_script(replace)
+    script += "".join(drop_chains_script(f, chains) for f, chains in drop_records.items())
     quoted = nft.quote(comment)
     script += "".join(f"add rule {NFT_FAMILY[r.family]} {TABLE} {r.chain} {r.text()} "
                       f"comment {quoted}\n" for r in rules)
+    script += "".join(record_script(f, chain, ip, comment)
+                      for f, (chain, ip) in sorted(records.items()) if f in families)
     return script
 
 
 # --- reading back -----------------------------------------------------------------------------
 
-def listed(family: int) -> list[dict[str, Any]]:
-    """The rules of our table in one family (empty when the table does not exist)."""
-    return nft.rules(NFT_FAMILY[family], TABLE)
-
-
-def container_rules_found(found: list[dict[str, Any]], pick) -> list[dict[str, Any]]:
-    """Rules in the container chains whose comment satisfies `pick(comment)`."""
-    return [r for r in found
-            if r.get("chain") in OWNED_CHAINS and r.get("comment") and pick(r["comment"])]
+def listed(family: int) -> Listing:
+    """Our table in one family (empty when the table does not exist), in one listing."""
+    fam = NFT_FAMILY[family]
+    objs = nft.list_json(nft.ident_family(fam, TABLE, f"table {fam} {TABLE}"))
+    return Listing(family, {o["chain"]["name"] for o in objs if "chain" in o},
+                   [o["rule"] for o in objs if "rule" in o])
 
 
 def _value(right: Any) -> str | None:
@@ -197,8 +305,9 @@ def _value(right: Any) -> str | None:
     return None
 
 
-def signature(rule: dict[str, Any]) -> tuple | None:
-    """A listed rule in the shape of `Rule.signature()`, or None if it is not of our forms."""
+def signature(rule: dict[str, Any], allow_no_action: bool = False) -> tuple | None:
+    """A listed rule in the shape of `Rule.signature()`, or None if it is not of our forms
+    (with allow_no_action, a match-only rule such as a record gives action None)."""
     matches: list[tuple[str, str]] = []
     action: tuple[str, ...] | None = None
     for expr in rule.get("expr", []):
@@ -221,7 +330,7 @@ def signature(rule: dict[str, Any]) -> tuple | None:
             action = ("masquerade",)
         else:
             return None
-    return (rule.get("chain"), tuple(matches), action) if action else None
+    return (rule.get("chain"), tuple(matches), action) if action or allow_no_action else None
 
 
 def udp_host_ports(found: Iterable[dict[str, Any]]) -> set[int]:
@@ -266,55 +375,38 @@ def route_localnet_toward(ip: str) -> str | None:
 
 
 # --- conditions (conditionsV4 / conditionsV6) -------------------------------------------------
+#
+# The reference pastes the condition strings in front of its jump rules. We accept any *match*
+# nftables itself accepts there (`meta pkttype host`, `fib saddr type local`, sets...), in two
+# steps: `conditions_text` refuses, by the text alone, everything that is not a match (statement
+# separators, comments, variables, named sets and maps, nested sets, and every statement, verdict
+# or command keyword); `conditions_check` then has libnftables parse and evaluate the rule in both
+# hooks it will live in, without applying anything. A condition can only narrow what jumps.
 
-# Words a match condition may use. Nothing here is a statement or verdict (no jump, goto,
-# accept, drop, dnat, counter, log, set, map...), so a condition can only narrow what matches.
-_KEYWORDS = frozenset(re.findall(r"\S+", """
-ip ip6 saddr daddr protocol nexthdr version length dscp ecn ttl hoplimit flowlabel
-meta iif iifname oif oifname iiftype oiftype iifgroup oifgroup l4proto nfproto mark pkttype
-skuid skgid cpu cgroup fib type local unicast broadcast multicast anycast blackhole unreachable
-prohibit th tcp udp udplite sctp icmp icmpv6 dport sport ct state status new established
-related invalid untracked direction original reply zone ether vlan id
-"""))
-# Statement, verdict and command words: never accepted, not even as a bare interface name.
-_NFT_WORDS = frozenset(re.findall(r"\S+", """
+# Statement, verdict, set-definition and command words: a match never needs them.
+_NOT_MATCH_WORDS = frozenset(re.findall(r"\S+", """
 accept drop reject jump goto return continue queue dnat snat masquerade redirect counter log
-limit notrack flow tproxy synproxy quota dup fwd to set map vmap add update delete comment
-define include table chain rule flush insert replace create list reset export import monitor
-describe element policy hook priority
-""")) | _KEYWORDS
-_STRUCTURE = frozenset("{},")
-_OPERATORS = frozenset(("==", "!=", "<", ">", "<=", ">=", "&", "|", "^"))
+limit notrack flow offload tproxy synproxy quota dup fwd to set map vmap add update delete comment
+define include table chain rule flush insert replace create list reset destroy export import
+monitor describe element elements policy hook priority meter last xt count over timeout expires
+typeof flags size
+"""))
 _ALLOWED_CHARS = re.compile(r'^[A-Za-z0-9 .:/\-_!=<>&|^{},"*]*$')
 _TOKEN = re.compile(r'"[^"]*"|[{},]|[^\s{},"]+')
-_NUMBER = re.compile(r"^(0x[0-9a-fA-F]+|\d+)(-(0x[0-9a-fA-F]+|\d+))?$")
-_IFNAME = re.compile(r"^[A-Za-z0-9_.\-]{1,15}\*?$")
-
-
-def _is_address(token: str) -> bool:
-    for piece in token.split("-", 1) if token.count("-") == 1 else [token]:
-        try:
-            ipaddress.ip_network(piece, strict=False)
-        except ValueError:
-            return False
-    return True
+_QUOTED = re.compile(r'^"[A-Za-z0-9_.\-:/* ]*"$')
 
 
 def conditions_text(tokens: list[str]) -> str:
-    """The conditions as one nft fragment, or ValueError saying what is not allowed.
-
-    Only match expressions pass: allow-listed keywords, operators, numbers, addresses,
-    interface names (quoted, or right after iifname/oifname) and flat anonymous sets of those.
-    """
+    """The conditions as one nft fragment, or ValueError saying what is not a match."""
     text = " ".join(tokens)
     bad = sorted({c for c in text if not _ALLOWED_CHARS.fullmatch(c)})
     if bad:
         raise ValueError(f"character(s) {''.join(bad)!r} not allowed in a match condition")
-    tokens_found = _TOKEN.findall(text)
-    if "".join(tokens_found) != re.sub(r"\s+", "", text):
+    found = _TOKEN.findall(text)
+    if "".join(found) != re.sub(r"\s+", "", text):
         raise ValueError("unterminated quote")
-    depth, prev = 0, ""
-    for tok in tokens_found:
+    depth = 0
+    for tok in found:
         if tok == "{":
             if depth:
                 raise ValueError("nested sets are not allowed")
@@ -323,25 +415,25 @@ def conditions_text(tokens: list[str]) -> str:
             if not depth:
                 raise ValueError("unbalanced '}'")
             depth = 0
-        elif tok == ",":
-            if not depth:
-                raise ValueError("',' outside a set")
-        elif not _allowed_word(tok, prev):
-            raise ValueError(f"{tok!r} is not allowed in a match condition")
-        if tok not in _OPERATORS and tok not in _STRUCTURE:
-            prev = tok
+        elif tok.startswith('"') and not _QUOTED.match(tok):
+            raise ValueError(f"{tok} is not allowed in a match condition")
+        elif tok.lower() in _NOT_MATCH_WORDS:
+            raise ValueError(f"{tok!r} is a statement, not a match condition")
     if depth:
         raise ValueError("unbalanced '{'")
-    return " ".join(tokens_found).replace(" ,", ",")
+    return " ".join(found).replace(" ,", ",")
 
 
-def _allowed_word(tok: str, prev: str) -> bool:
-    if tok in _KEYWORDS or tok in _OPERATORS:
-        return True
-    if _NUMBER.match(tok) or _is_address(tok):
-        return True
-    if tok.startswith('"'):
-        return bool(_IFNAME.match(tok[1:-1]))
-    # A bare word is read as a name only when nft has no keyword of that spelling.
-    return (prev in ("iifname", "oifname") and bool(_IFNAME.match(tok))
-            and tok not in _NFT_WORDS)
+def conditions_check(family: int, text: str) -> None:
+    """ValueError with nft's message unless nft accepts `text` as the conditions of a rule in
+    a nat prerouting and a nat output chain of this family (dry run: nothing is created)."""
+    ipx = NFT_FAMILY[family]
+    t = f"{ipx} pycni_condition_check"
+    error = nft.check(
+        f"add table {t}\n"
+        f"add chain {t} pre {{ type nat hook prerouting priority -100 ; }}\n"
+        f"add chain {t} out {{ type nat hook output priority -100 ; }}\n"
+        f"add rule {t} pre {text} return\n"
+        f"add rule {t} out {text} return\n")
+    if error:
+        raise ValueError(f"nftables refuses it: {error.splitlines()[0]}")

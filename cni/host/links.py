@@ -16,11 +16,6 @@ def _addresses(ipr, index: int) -> list[str]:
             for msg in msgs if msg["family"] == family]
 
 
-def addresses(ipr, index: int) -> list[str]:
-    """The link's addresses as 'ip/prefix', v4 first."""
-    return _addresses(ipr, index)
-
-
 def set_loopback(target: int | str, up: bool) -> list[str]:
     """Set lo up or down in the namespace; returns lo's addresses (after the change)."""
     from cni.host.rtnl import Rtnl  # not pyroute2: loopback runs in every pod (see rtnl.py)
@@ -108,6 +103,13 @@ def get(ipr, name: str) -> Link | None:
     return parse(msgs[0]) if msgs else None
 
 
+def names() -> set[str]:
+    """The interface names of the current namespace (one netlink dump by libc)."""
+    import socket
+
+    return {name for _, name in socket.if_nameindex()}
+
+
 def by_index(ipr, index: int) -> Link | None:
     from pyroute2.netlink.exceptions import NetlinkError
 
@@ -142,4 +144,3 @@ def delete(ipr, name: str) -> bool:
         return False
     ipr.link("del", index=link.index)
     return True
-

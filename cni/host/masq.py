@@ -1,12 +1,17 @@
-"""IP masquerade for pod traffic leaving its subnet, with nftables (the reference's layout).
+"""IP masquerade for pod traffic leaving its subnet, with nftables: the reference's layout and
+naming (pkg/ip/ipmasq_nftables_linux.go), so either side's DEL, CHECK and GC find the other's rules.
 
     table inet cni_plugins_masquerade
       chain postrouting  (nat, postrouting, srcnat): multicast return; goto masq_checks
       chain masq_checks: ip saddr <pod ip> ip daddr != <pod subnet> masquerade comment "..."
 
-Each rule's comment starts with hash(network) + "-" + hash(ifname:containerID) (the reference's
-format), so DEL removes exactly this attachment's rules without knowing its IPs (the reference
-leaks them when CNI_NETNS is empty, #810) and GC finds a network's stale ones.
+The comment is `<hash(net)>-<hash(ifname:cid)>, net: N, if: I, id: C` ('"' removed from N, I, C;
+cut at 128 bytes), hash = first 16 hex digits of SHA-512. DEL finds the attachment's rules by the
+`<hash(net)>-<hash(ifname:cid)>` prefix without knowing its IPs (the reference leaks them when
+CNI_NETNS is empty, #810); GC looks at the rules starting with `<hash(net)>`.
+
+pycni releases before the v1.9 layout hashed with SHA-256 (same shape otherwise): DEL, GC and a
+re-ADD also remove those ("legacy") rules, so an upgrade under live pods leaks nothing.
 """
 
 from __future__ import annotations
@@ -21,43 +26,64 @@ TABLE = "cni_plugins_masquerade"
 CHAIN = "masq_checks"
 BASE = "postrouting"
 COMMENT_MAX = 128
+PREFIX_LEN = 33  # "<16 hex>-<16 hex>"
+TABLE_COMMENT = "Masquerading for plugins from github.com/containernetworking/plugins"
+CHAIN_COMMENT = "Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet"
 
 
 def hash_for_network(network: str) -> str:
-    return hashlib.sha256(network.encode()).hexdigest()[:16]
+    """The reference's utils.MustFormatHashWithPrefix(16, "", network)."""
+    return hashlib.sha512(network.encode()).hexdigest()[:16]
 
 
 def hash_for_instance(network: str, ifname: str, container_id: str) -> str:
     return hash_for_network(network) + "-" + hash_for_network(f"{ifname}:{container_id}")
 
 
+def legacy_hash(value: str) -> str:
+    """What pycni wrote before the v1.9 layout (SHA-256): only ever looked for, never written."""
+    return hashlib.sha256(value.encode()).hexdigest()[:16]
+
+
+def legacy_instance(network: str, ifname: str, container_id: str) -> str:
+    return legacy_hash(network) + "-" + legacy_hash(f"{ifname}:{container_id}")
+
+
 def comment(network: str, ifname: str, container_id: str) -> str:
-    """The hash prefix, then readable parts while they fit and are safe for nft."""
-    text = hash_for_instance(network, ifname, container_id)
-    for label, value in (("net", network), ("if", ifname), ("id", container_id)):
-        part = f", {label}: {value}"
-        candidate = (text + part)[:COMMENT_MAX]
-        try:
-            nft.quote(candidate)
-        except ValueError:
-            break  # a name nft can't safely carry: the hash alone identifies the rule
-        text = candidate
-    return text
+    """Exactly the reference's commentForInstance (bytes cut as Go slices a string)."""
+    text = "{}, net: {}, if: {}, id: {}".format(
+        hash_for_instance(network, ifname, container_id),
+        *(v.replace('"', "") for v in (network, ifname, container_id)))
+    return text.encode()[:COMMENT_MAX].decode(errors="ignore")
 
 
-def _rules(prefix: str) -> list[dict]:
+def _quoted_comment(network: str, ifname: str, container_id: str) -> str:
+    """The comment ready for a script. An ifname with characters nft can't carry verbatim (a
+    control character) leaves only the hash prefix, which is all DEL and our GC look at."""
+    try:
+        return nft.comment(comment(network, ifname, container_id))
+    except ValueError:
+        return nft.comment(hash_for_instance(network, ifname, container_id))
+
+
+def _rules(*prefixes: str) -> list[dict]:
     return [r for r in nft.rules(FAMILY, TABLE, CHAIN)
-            if str(r.get("comment", "")).startswith(prefix)]
+            if str(r.get("comment", "")).startswith(prefixes)]
+
+
+def _instance_prefixes(network: str, ifname: str, container_id: str) -> tuple[str, str]:
+    return (hash_for_instance(network, ifname, container_id),
+            legacy_instance(network, ifname, container_id))
 
 
 def setup(ips: list[str], network: str, ifname: str, container_id: str) -> None:
     """Masquerade each 'ip/prefix' to anything outside its subnet, replacing any rules this
     attachment had (one atomic batch)."""
-    tag = comment(network, ifname, container_id)
-    stale = _rules(hash_for_instance(network, ifname, container_id))
+    tag = _quoted_comment(network, ifname, container_id)
+    stale = _rules(*_instance_prefixes(network, ifname, container_id))
     script = (
-        f"add table {FAMILY} {TABLE}\n"
-        f"add chain {FAMILY} {TABLE} {CHAIN}\n"
+        f"add table {FAMILY} {TABLE} {{ comment {nft.comment(TABLE_COMMENT)} ; }}\n"
+        f"add chain {FAMILY} {TABLE} {CHAIN} {{ comment {nft.comment(CHAIN_COMMENT)} ; }}\n"
         f"add chain {FAMILY} {TABLE} {BASE} "
         "{ type nat hook postrouting priority srcnat; }\n"
         f"flush chain {FAMILY} {TABLE} {BASE}\n"
@@ -70,13 +96,13 @@ def setup(ips: list[str], network: str, ifname: str, container_id: str) -> None:
         iface = ipaddress.ip_interface(cidr)
         proto = "ip" if iface.version == 4 else "ip6"
         script += (f"add rule {FAMILY} {TABLE} {CHAIN} {proto} saddr {iface.ip} "
-                   f"{proto} daddr != {iface.network} masquerade comment {nft.quote(tag)}\n")
+                   f"{proto} daddr != {iface.network} masquerade comment {tag}\n")
     nft.run(script)
 
 
 def teardown(network: str, ifname: str, container_id: str) -> int:
-    """Remove this attachment's rules; how many there were (none is fine)."""
-    found = _rules(hash_for_instance(network, ifname, container_id))
+    """Remove this attachment's rules (and its legacy ones); how many there were."""
+    found = _rules(*_instance_prefixes(network, ifname, container_id))
     if found:
         nft.run(nft.delete_rules_script(found))
     return len(found)
@@ -85,7 +111,7 @@ def teardown(network: str, ifname: str, container_id: str) -> int:
 def present(network: str, ifname: str, container_id: str) -> list[str]:
     """Source addresses this attachment's rules masquerade (for CHECK)."""
     out = []
-    for rule in _rules(hash_for_instance(network, ifname, container_id)):
+    for rule in _rules(*_instance_prefixes(network, ifname, container_id)):
         for expr in rule.get("expr", []):
             match = expr.get("match")
             if match and match.get("op") == "==" and \
@@ -95,10 +121,14 @@ def present(network: str, ifname: str, container_id: str) -> list[str]:
 
 
 def gc(network: str, valid: set[tuple[str, str]]) -> int:
-    """Remove the network's rules whose (containerID, ifname) is not in `valid`."""
-    keep = {hash_for_instance(network, ifname, cid) for cid, ifname in valid}
-    prefix = hash_for_network(network) + "-"
-    stale = [r for r in _rules(prefix) if str(r["comment"])[:33] not in keep]
+    """Remove the network's rules whose (containerID, ifname) is not in `valid`.
+
+    The reference keeps a rule only if its whole comment equals a valid attachment's; we keep it
+    if its hash prefix does (a superset: it also keeps a valid attachment's rule whose readable
+    tail differs). Legacy (SHA-256) rules of the network are judged the same way."""
+    keep = {h for cid, ifname in valid for h in _instance_prefixes(network, ifname, cid)}
+    prefixes = (hash_for_network(network) + "-", legacy_hash(network) + "-")
+    stale = [r for r in _rules(*prefixes) if str(r["comment"])[:PREFIX_LEN] not in keep]
     if stale:
         nft.run(nft.delete_rules_script(stale))
     return len(stale)

@@ -59,15 +59,6 @@ def entered(target: int | str) -> Iterator[None]:
         os.close(home)
 
 
-def same_as_current(target: int | str) -> bool:
-    """Whether `target` is the namespace this thread is in (CNI_NETNS_OVERRIDE guard)."""
-    fd = open_ns(target)
-    try:
-        return os.fstat(fd).st_ino == os.stat("/proc/thread-self/ns/net").st_ino
-    finally:
-        os.close(fd)
-
-
 def _new_iproute(target: int | str | None) -> IPRoute:
     from cni.host.nlsync import SyncIPRoute  # IPRoute without its per-socket event loop
 

@@ -14,6 +14,9 @@ from typing import Any
 _ctx = None
 _SAFE_COMMENT = re.compile(r"^[A-Za-z0-9 _.,:/@=+\-]*$")
 _IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
+# What nft's scanner reads as one unquoted identifier (1.0.6 takes no quoted chain names).
+_CHAIN = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
+COMMENT_MAX = 128
 FAMILIES = ("ip", "ip6", "inet", "bridge", "arp", "netdev")
 
 
@@ -48,6 +51,24 @@ def run(script: str) -> None:
         raise NftError(f"nft: {err.strip() or 'failed'}")
 
 
+def check(script: str) -> str | None:
+    """nft's verdict on a script without applying it (libnftables dry run: parsed and evaluated,
+    nothing committed); None when nft accepts it, else nft's error."""
+    import ctypes
+
+    nft = _nft()
+    lib = ctypes.CDLL("libnftables.so.1")
+    lib.nft_ctx_set_dry_run.argtypes = [ctypes.c_void_p, ctypes.c_bool]
+    ctx = nft._Nftables__ctx  # the binding has no dry-run setter; the C API has
+    nft.set_json_output(False)
+    lib.nft_ctx_set_dry_run(ctx, True)
+    try:
+        rc, _out, err = nft.cmd(script)
+    finally:
+        lib.nft_ctx_set_dry_run(ctx, False)
+    return None if rc == 0 else (err.strip() or "refused")
+
+
 def list_json(what: str) -> list[dict[str, Any]]:
     """`nft -j list <what>` as the list of objects; a missing table or chain is []."""
     nft = _nft()
@@ -65,7 +86,7 @@ def list_json(what: str) -> list[dict[str, Any]]:
 
 def rules(family: str, table: str, chain: str | None = None) -> list[dict[str, Any]]:
     """The rule objects of a table (or one chain), each with its handle and comment."""
-    what = f"chain {family} {table} {ident(chain)}" if chain else f"table {family} {table}"
+    what = f"chain {family} {table} {chain_name(chain)}" if chain else f"table {family} {table}"
     return [o["rule"] for o in list_json(ident_family(family, table, what)) if "rule" in o]
 
 
@@ -82,7 +103,7 @@ def table_exists(family: str, table: str) -> bool:
 def delete_rules_script(found: list[dict[str, Any]]) -> str:
     """Commands deleting the given rule objects by handle (for one batch with other work)."""
     return "".join(
-        f"delete rule {r['family']} {ident(r['table'])} {ident(r['chain'])} "
+        f"delete rule {r['family']} {ident(r['table'])} {chain_name(r['chain'])} "
         f"handle {int(r['handle'])}\n" for r in found)
 
 
@@ -100,6 +121,22 @@ def quote(text: str) -> str:
     if len(text) > 128 or not _SAFE_COMMENT.match(text):
         raise ValueError(f"unsafe string for an nft rule: {text!r}")
     return f'"{text}"'
+
+
+def comment(text: str) -> str:
+    """A rule comment as written by the reference (any text nft keeps verbatim between double
+    quotes): refused if it holds a '"', a control character or more than 128 bytes."""
+    if (len(text.encode()) > COMMENT_MAX or '"' in text
+            or any(ord(c) < 32 or ord(c) == 127 for c in text)):
+        raise ValueError(f"unsafe comment for an nft rule: {text!r}")
+    return f'"{text}"'
+
+
+def chain_name(name: str) -> str:
+    """A chain name for a script: nft's unquoted identifier syntax, at most 256 bytes."""
+    if not _CHAIN.match(name or "") or len(name) > 256:
+        raise ValueError(f"unsafe nft chain name: {name!r}")
+    return name
 
 
 def ident(name: str) -> str:

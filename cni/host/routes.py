@@ -25,7 +25,9 @@ def _dst(cidr: str) -> dict:
 def add(ipr, dst: str, oif: int, gw: str | None = None, *, mtu: int = 0, advmss: int = 0,
         priority: int = 0, table: int | None = None, scope: int | None = None,
         ifname: str = "") -> None:
-    """Add one route through `oif`; an identical route already there is fine."""
+    """Add one route through `oif`, appended (NLM_F_APPEND, the reference's RouteAddEcmp): a
+    second network's default route joins the first (IPv6: one multipath route; IPv4: a second
+    route) instead of failing with EEXIST. An identical route already there is fine."""
     from pyroute2.netlink.exceptions import NetlinkError
 
     # proto boot, as the reference's netlink library leaves it (pyroute2 would say static).
@@ -42,7 +44,7 @@ def add(ipr, dst: str, oif: int, gw: str | None = None, *, mtu: int = 0, advmss:
     if scope is not None:
         spec["scope"] = scope
     try:
-        ipr.route("add", **spec)
+        ipr.route("append", **spec)
     except NetlinkError as e:
         if e.code == 17 and find(ipr, dst, gw):
             return

@@ -1,19 +1,21 @@
 """MAC spoof check (macspoofchk): frames entering the bridge from a pod's host veth must carry
-the pod's MAC as source, else they are dropped. nftables, in the reference's table:
+the pod's MAC as source, else they are dropped. nftables, exactly the reference's layout and
+names (pkg/link/spoofcheck.go), so the reference's teardown removes ours and ours removes theirs:
 
     table bridge nat
-      chain PREROUTING (filter, prerouting, priority -300):
-          iifname "<host veth>" jump cni-br-iface-<id> comment "macspoofchk-<id>, ..."
-      chain cni-br-iface-<id>:      jump cni-br-iface-<id>-mac
-      chain cni-br-iface-<id>-mac:  ether saddr <mac> return; drop
+      chain PREROUTING (filter, prerouting, priority -300, policy accept):
+          iifname "<host veth>" jump cni-br-iface-<refID> comment "macspoofchk-<refID>"
+      chain cni-br-iface-<refID>:      jump cni-br-iface-<refID>-mac   (same comment)
+      chain cni-br-iface-<refID>-mac:  ether saddr <mac> return; drop (same comment)
 
-<id> is the masquerade rules' instance hash (network, ifname, container ID): it fits nft's
-identifier rules whatever the names are, and GC finds a network's chains by its prefix.
+refID is `<containerID>-<ifname>`. pycni releases before the v1.9 layout used a hash instead
+(`<sha256(net)[:16]>-<sha256(ifname:cid)[:16]>`, "legacy"): teardown and GC remove those too.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from cni.host import masq, nft
 
@@ -21,26 +23,34 @@ FAMILY = "bridge"
 TABLE = "nat"
 BASE = "PREROUTING"
 PREFIX = "cni-br-iface-"
+TAG = "macspoofchk-"
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.\-@]+$")
+_LEGACY = re.compile(r"^[0-9a-f]{16}-[0-9a-f]{16}$")
 
 
-def _chains(instance: str) -> tuple[str, str]:
-    return PREFIX + instance, PREFIX + instance + "-mac"
+def ref_id(container_id: str, ifname: str) -> str:
+    """The reference's uniqueID(containerID, ifname)."""
+    return f"{container_id}-{ifname}"
 
 
-def setup(host_ifname: str, mac: str, network: str, ifname: str, container_id: str) -> None:
+def _chains(ref: str) -> tuple[str, str]:
+    return PREFIX + ref, PREFIX + ref + "-mac"
+
+
+def setup(host_ifname: str, mac: str, container_id: str, ifname: str) -> None:
+    """ValueError if the names can't be written as nft identifiers / comments (nothing done)."""
     mac = mac.lower()
     if not _MAC.match(mac) or not _IFNAME.match(host_ifname):
         raise ValueError(f"unsafe spoof check input: {host_ifname!r} {mac!r}")
-    instance = masq.hash_for_instance(network, ifname, container_id)
-    iface_chain, mac_chain = _chains(instance)
-    tag = nft.quote(f"macspoofchk-{instance}")
+    ref = ref_id(container_id, ifname)
+    iface_chain, mac_chain = (nft.chain_name(c) for c in _chains(ref))
+    tag = nft.quote(TAG + ref)
     script = (
         f"add table {FAMILY} {TABLE}\n"
         f"add chain {FAMILY} {TABLE} {BASE} "
         "{ type filter hook prerouting priority -300; policy accept; }\n"
-        + _teardown_script(instance)
+        + _teardown_script(_listing(), [ref])
         + f"add chain {FAMILY} {TABLE} {iface_chain}\n"
         f"add chain {FAMILY} {TABLE} {mac_chain}\n"
         f"add rule {FAMILY} {TABLE} {BASE} iifname \"{host_ifname}\" jump {iface_chain} "
@@ -52,47 +62,88 @@ def setup(host_ifname: str, mac: str, network: str, ifname: str, container_id: s
     nft.run(script)
 
 
-def _teardown_script(instance: str) -> str:
-    """Commands removing one attachment's jump rule and chains (empty if none exist)."""
-    if not nft.table_exists(FAMILY, TABLE):
-        return ""
-    iface_chain, mac_chain = _chains(instance)
-    tag = f"macspoofchk-{instance}"
-    rules = [r for r in nft.rules(FAMILY, TABLE, BASE) if r.get("comment") == tag] \
-        if BASE in nft.chains(FAMILY, TABLE) else []
-    script = nft.delete_rules_script(rules)
-    existing = set(nft.chains(FAMILY, TABLE))
-    for chain in (iface_chain, mac_chain):
-        if chain in existing:
-            script += f"flush chain {FAMILY} {TABLE} {chain}\n"
-    for chain in (iface_chain, mac_chain):
-        if chain in existing:
-            script += f"delete chain {FAMILY} {TABLE} {chain}\n"
+def _listing() -> tuple[set[str], list[dict[str, Any]]]:
+    """The chains of `bridge nat` and the rules of its PREROUTING chain (one listing)."""
+    objs = nft.list_json(nft.ident_family(FAMILY, TABLE, f"table {FAMILY} {TABLE}"))
+    chains = {o["chain"]["name"] for o in objs if "chain" in o}
+    rules = [o["rule"] for o in objs if "rule" in o and o["rule"].get("chain") == BASE]
+    return chains, rules
+
+
+def _teardown_script(listing: tuple[set[str], list[dict[str, Any]]], refs: list[str]) -> str:
+    """Commands removing the jump rules and chains of these refIDs (empty if none exist)."""
+    chains, rules = listing
+    tags = {TAG + ref for ref in refs}
+    script = nft.delete_rules_script([r for r in rules if r.get("comment") in tags])
+    doomed = [c for ref in refs for c in _chains(ref) if c in chains]
+    script += "".join(f"flush chain {FAMILY} {TABLE} {nft.chain_name(c)}\n" for c in doomed)
+    script += "".join(f"delete chain {FAMILY} {TABLE} {nft.chain_name(c)}\n" for c in doomed)
     return script
 
 
-def teardown(network: str, ifname: str, container_id: str) -> bool:
-    """Remove this attachment's spoof check; whether there was one."""
-    script = _teardown_script(masq.hash_for_instance(network, ifname, container_id))
+def _refs(container_id: str, ifname: str, network: str) -> list[str]:
+    """This attachment's refID and the one pycni wrote before the v1.9 layout."""
+    return [ref_id(container_id, ifname), masq.legacy_instance(network, ifname, container_id)]
+
+
+def teardown(container_id: str, ifname: str, network: str) -> bool:
+    """Remove this attachment's spoof check (either layout); whether there was one."""
+    refs = [r for r in _refs(container_id, ifname, network) if _safe(r)]
+    script = _teardown_script(_listing(), refs)
     if script:
         nft.run(script)
     return bool(script)
 
 
-def present(network: str, ifname: str, container_id: str) -> bool:
-    instance = masq.hash_for_instance(network, ifname, container_id)
-    return nft.table_exists(FAMILY, TABLE) and _chains(instance)[1] in nft.chains(FAMILY, TABLE)
+def _safe(ref: str) -> bool:
+    try:
+        nft.chain_name(PREFIX + ref)
+    except ValueError:
+        return False  # a name we could never have written
+    return True
 
 
-def gc(network: str, valid: set[tuple[str, str]]) -> int:
-    """Remove the network's spoof checks whose (containerID, ifname) is not in `valid`."""
-    if not nft.table_exists(FAMILY, TABLE):
-        return 0
-    keep = {masq.hash_for_instance(network, ifname, cid) for cid, ifname in valid}
-    start = PREFIX + masq.hash_for_network(network) + "-"
-    stale = [c[len(PREFIX):] for c in nft.chains(FAMILY, TABLE)
-             if c.startswith(start) and not c.endswith("-mac") and c[len(PREFIX):] not in keep]
-    script = "".join(_teardown_script(instance) for instance in stale)
+def present(container_id: str, ifname: str, network: str) -> bool:
+    """The jump rule and the MAC chain exist (for CHECK)."""
+    chains, rules = _listing()
+    for ref in _refs(container_id, ifname, network):
+        if _chains(ref)[1] in chains and any(r.get("comment") == TAG + ref for r in rules):
+            return True
+    return False
+
+
+def _jump_iifname(rule: dict[str, Any]) -> str | None:
+    for expr in rule.get("expr", []):
+        match = expr.get("match")
+        if match and match.get("left", {}).get("meta", {}).get("key") == "iifname":
+            right = match.get("right")
+            return right if isinstance(right, str) else None
+    return None
+
+
+def gc(network: str, valid: set[tuple[str, str]], host_links: set[str]) -> int:
+    """Remove stale spoof checks; how many.
+
+    A refID names no network, so a spoof check in the reference's layout is stale when its
+    attachment is not valid AND the host veth its jump rule matches is gone (then it guards
+    nothing, whichever network it was for). Legacy ones carry the network's hash: stale when
+    of this network and not valid, as before."""
+    listing = _listing()
+    keep = {ref_id(cid, ifname) for cid, ifname in valid}
+    legacy_keep = {masq.legacy_instance(network, ifname, cid) for cid, ifname in valid}
+    legacy_net = masq.legacy_hash(network) + "-"
+    stale = set()
+    for rule in listing[1]:
+        tag = str(rule.get("comment") or "")
+        if not tag.startswith(TAG):
+            continue
+        ref = tag[len(TAG):]
+        if _LEGACY.match(ref) and ref.startswith(legacy_net):
+            if ref not in legacy_keep:
+                stale.add(ref)
+        elif ref not in keep and _jump_iifname(rule) not in host_links and _safe(ref):
+            stale.add(ref)
+    script = _teardown_script(listing, sorted(stale))
     if script:
         nft.run(script)
     return len(stale)

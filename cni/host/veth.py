@@ -45,13 +45,14 @@ def create(container_ns: int | str, ifname: str, mtu: int = 0, mac: str = "",
         with netns.iproute() as ipr:
             for _ in range(ATTEMPTS):
                 name = host_name or random_name()
-                peer: dict = {"ifname": ifname, "net_ns_fd": fd}
+                # txqueuelen 0 on both ends, as the reference's netlink leaves them.
+                peer: dict = {"ifname": ifname, "net_ns_fd": fd, "txqlen": 0}
                 if mac:
                     peer["address"] = mac
                 if mtu:
                     peer["mtu"] = mtu
                 try:
-                    ipr.link("add", ifname=name, kind="veth", peer=peer,
+                    ipr.link("add", ifname=name, kind="veth", peer=peer, txqlen=0,
                              **({"mtu": mtu} if mtu else {}))
                 except NetlinkError as e:
                     if e.code == links.EEXIST and not host_name and links.get(ipr, name):

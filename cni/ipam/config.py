@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import Field
 
+from cni.spec import names
 from cni.spec.config import DNS, Model, parse
 from cni.spec.errors import CNIError, Code
 from cni.spec.version import at_least
 
 DEFAULT_DATA_DIR = "/var/lib/cni/networks"
-NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
@@ -152,7 +151,7 @@ def load(config: dict[str, Any], version: str, args: list[tuple[str, str]]) -> I
     if net.ipam is None:
         raise CNIError(Code.INVALID_CONFIG, "IPAM config missing 'ipam' key")
     name = net.name
-    if not NAME_RE.match(name):
+    if not names.valid_id(name):
         raise bad("name", name, "invalid characters found in network name")
     ipam = net.ipam
     requested = _requested(net, args)
@@ -180,24 +179,9 @@ def _requested(net: NetModel, args: list[tuple[str, str]]) -> list[Address]:
 
 
 def env_ips(args: list[tuple[str, str]]) -> list[str]:
-    """CNI_ARGS as the reference's IPAMEnvArgs reads them: IP (comma-separated), IgnoreUnknown;
-    any other key is an error unless IgnoreUnknown is true."""
-    ips: list[str] = []
-    unknown: list[str] = []
-    ignore = False
-    for key, value in args:
-        if key == "IP":
-            ips += [item.strip() for item in value.split(",") if item.strip()]
-        elif key == "IgnoreUnknown":
-            if value.lower() not in ("1", "true", "0", "false"):
-                raise CNIError(Code.INVALID_ENV,
-                               f'CNI_ARGS: invalid IgnoreUnknown "{value}": not a boolean')
-            ignore = value.lower() in ("1", "true")
-        else:
-            unknown.append(f"{key}={value}")
-    if unknown and not ignore:
-        raise CNIError(Code.INVALID_ENV, f"CNI_ARGS: unknown args {json.dumps(unknown)}")
-    return ips
+    """CNI_ARGS as the reference's IPAMEnvArgs reads them: IP (comma-separated), IgnoreUnknown."""
+    value = names.known_args(args, ("IP",)).get("IP", "")
+    return [item.strip() for item in value.split(",") if item.strip()]
 
 
 def _parse_requested(key: str, value: str, code: int) -> Address:

@@ -89,7 +89,7 @@ def _in_process(req: Request, ipam_type: str, command: str) -> Result | None:
 
     module = skel.load(ipam_type)
     # The same version gate the exec'd plugin's skel would apply.
-    versions.require_supported(req.version, skel.supported(ipam_type))
+    versions.require_supported(req.version, versions.SUPPORTED)
     env = {**req.env, "CNI_COMMAND": command}
     child = Request(
         plugin=ipam_type, command=command, container_id=req.container_id, netns=req.netns,

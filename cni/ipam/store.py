@@ -15,9 +15,9 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import re
 from collections.abc import Iterator
 
+from cni.spec import names
 from cni.spec.errors import CNIError, Code
 
 LINE_BREAK = "\r\n"
@@ -25,7 +25,6 @@ LAST_IP_PREFIX = "last_reserved_ip."
 LOCK = "lock"
 FILE_MODE = 0o600
 DIR_MODE = 0o755
-_NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
 _OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _READ_CHUNK = 4096
 _MAX_CONTENT = 1 << 20
@@ -48,7 +47,7 @@ class Store:
     """One network's directory; use as a context manager: the lock is held inside `with`."""
 
     def __init__(self, data_dir: str, network: str) -> None:
-        if not _NAME_RE.match(network):
+        if not names.valid_id(network):
             raise CNIError(Code.INVALID_CONFIG,
                            f'invalid name "{network}": invalid characters found in network name')
         self.path = os.path.join(data_dir, network)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cni.skel import Request, require_printable, valid_attachments
+from cni.spec import keys
 from cni.spec.errors import CNIError, Code, invalid_config
 from cni.spec.result import Result
 
@@ -83,21 +84,25 @@ def ifb_name(network: str, container_id: str) -> str:
 
 def limits(req: Request) -> Limits | None:
     """The limits to apply, from the first source present; None when there are none."""
-    if any(key in req.config for key in KEYS):
-        return _from_entry(req.config, "", sentinel=False)
+    config = keys.match(req.config, KEYS)
+    if any(key in config for key in KEYS):
+        return _from_entry(config, "", sentinel=False)
     runtime = req.runtime_config
     if "bandwidth" in runtime and runtime["bandwidth"] is not None:
         entry = runtime["bandwidth"]
+        prefix = f"runtimeConfig.{runtime.written('bandwidth')}"
         if not isinstance(entry, dict):
-            raise invalid_config("runtimeConfig.bandwidth", entry, "must be an object")
-        return _from_entry(entry, "runtimeConfig.bandwidth.", sentinel=True)
+            raise invalid_config(prefix, entry, "must be an object")
+        # containerd's CRI sends IngressRate, IngressBurst, ...: Go structs without JSON tags.
+        return _from_entry(keys.match(entry, KEYS), prefix + ".", sentinel=True)
     return _from_annotations(runtime.get(ANNOTATIONS))
 
 
-def _from_entry(entry: dict[str, Any], prefix: str, sentinel: bool) -> Limits:
-    values = {key: _bits(entry.get(key, 0), prefix + key) for key in KEYS}
-    ingress = _direction(values, "ingress", prefix, sentinel)
-    egress = _direction(values, "egress", prefix, sentinel)
+def _from_entry(entry: keys.Keys, prefix: str, sentinel: bool) -> Limits:
+    names = {key: prefix + entry.written(key) for key in KEYS}  # as the user cased them
+    values = {key: _bits(entry.get(key, 0), names[key]) for key in KEYS}
+    ingress = _direction(values, names, "ingress", sentinel)
+    egress = _direction(values, names, "egress", sentinel)
     return Limits(ingress, egress)
 
 
@@ -109,22 +114,22 @@ def _bits(value: Any, key: str) -> int:
     return value
 
 
-def _direction(values: dict[str, int], side: str, prefix: str,
+def _direction(values: dict[str, int], names: dict[str, str], side: str,
                sentinel: bool) -> Direction | None:
     rate_key, burst_key = f"{side}Rate", f"{side}Burst"
     rate, burst = values[rate_key], values[burst_key]
     if rate and not burst:
-        raise invalid_config(prefix + rate_key, rate, f"if rate is set, {burst_key} must also "
+        raise invalid_config(names[rate_key], rate, f"if rate is set, {burst_key} must also "
                              "be set")
     if burst and not rate:
-        raise invalid_config(prefix + burst_key, burst, f"if burst is set, {rate_key} must "
+        raise invalid_config(names[burst_key], burst, f"if burst is set, {rate_key} must "
                              "also be set")
     if burst // 8 >= MAX_BURST_BYTES:
-        raise invalid_config(prefix + burst_key, burst, "burst cannot be more than 4GB")
+        raise invalid_config(names[burst_key], burst, "burst cannot be more than 4GB")
     if not rate:
         return None
     chosen = None if sentinel and burst == UNKNOWN_BURST else burst
-    return Direction(rate, chosen, prefix + rate_key, prefix + burst_key)
+    return Direction(rate, chosen, names[rate_key], names[burst_key])
 
 
 def _from_annotations(annotations: Any) -> Limits | None:
@@ -354,8 +359,9 @@ def gc(req: Request) -> None:
     from cni.host import ifb, netns
 
     valid = valid_attachments(req.config)
-    if valid is None:
-        return  # no list: we cannot tell stale from live, so remove nothing
+    if valid is None:  # libcni's GC without args: stale and live look alike
+        req.log("GC without cni.dev/valid-attachments: no ifb removed")
+        return
     keep = {cid for cid, _ in valid}
     with netns.iproute() as ipr:
         for dev in ifb.marked(ipr):

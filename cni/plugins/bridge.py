@@ -5,7 +5,7 @@ kernel work is in cni.host.*. Differences from the reference, all deliberate:
 - a failed ADD undoes what it did (IPAM reservation, veth, spoof check and masquerade rules);
 - DEL removes this attachment's masquerade / spoof-check rules by their comment even when
   CNI_NETNS is empty or gone (reference #810), and tolerates configs ADD would refuse;
-- the bridge MAC is pinned on every ADD, not only with isGateway (reference #805);
+- the bridge MAC is pinned on every ADD (after the port joins), not only with isGateway (#805);
 - ADD returns once the port forwards, not only when it is oper-up (reference #463);
 - ipMasq uses nftables; `ipMasqBackend: "iptables"` is refused (error 2).
 """
@@ -21,7 +21,8 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from cni.host import addrs, bridge, links, masq, netns, routes, spoofchk, veth
 from cni.ipam import delegate as ipam
-from cni.skel import Request, valid_attachments, validate_ifname
+from cni.skel import Request, valid_attachments
+from cni.spec import keys, names
 from cni.spec.config import Model, PluginConf, parse
 from cni.spec.errors import CNIError, Code, invalid_config, unsupported
 from cni.spec.result import Result
@@ -49,7 +50,7 @@ class NetConf(PluginConf):
     promiscMode: Bool = False
     vlan: Int = 0
     vlanTrunk: list[VlanTrunk] | None = None
-    preserveDefaultVlan: Bool = True
+    preserveDefaultVlan: Bool = False  # v1.9.1's default
     macspoofchk: Bool = False
     enabledad: Bool = False
     disableContainerInterface: Bool = False
@@ -60,7 +61,7 @@ class NetConf(PluginConf):
 
     @property
     def ipam_type(self) -> str:
-        value = (self.ipam or {}).get("type", "")
+        value = keys.get(self.ipam or {}, "type", "")
         return value if isinstance(value, str) else ""
 
 
@@ -69,7 +70,9 @@ class NetConf(PluginConf):
 def load(req: Request, strict: bool = True) -> NetConf:
     """Parse and validate the config (the reference's loadNetConf). With strict=False (DEL, GC,
     STATUS) only types are checked: a config ADD would refuse must still be deletable."""
-    conf = parse(NetConf, {k: v for k, v in req.config.items() if k not in ("mac", "vlans")})
+    derived = ("mac", "vlans")  # fields load() fills in, never read from the config
+    conf = parse(NetConf, {k: v for k, v in req.config.items()
+                           if not (isinstance(k, str) and keys.fold(k) in derived)})
     if not strict:
         return conf
     validate_ifname_key("bridge", conf.bridge)
@@ -77,11 +80,7 @@ def load(req: Request, strict: bool = True) -> NetConf:
         raise invalid_config("mtu", conf.mtu, "must be between 68 and 65535")
     if not 0 <= conf.vlan <= 4094:
         raise invalid_config("vlan", conf.vlan, "invalid VLAN ID (must be between 0 and 4094)")
-    conf.vlans = collect_vlan_trunk(conf.vlanTrunk)
-    if conf.vlan and conf.vlans:
-        raise invalid_config("vlanTrunk", [t.model_dump(exclude_none=True)
-                                           for t in conf.vlanTrunk or []],
-                             "cannot set vlan and vlanTrunk at the same time")
+    conf.vlans = collect_vlan_trunk(conf.vlanTrunk)  # with vlan too: PVID + tagged trunk
     if conf.ipMasqBackend == "iptables":
         raise unsupported("ipMasqBackend", "iptables", "only the nftables backend is built")
     if conf.ipMasqBackend not in (None, "nftables"):
@@ -91,10 +90,9 @@ def load(req: Request, strict: bool = True) -> NetConf:
 
 
 def validate_ifname_key(key: str, name: str) -> None:
-    try:
-        validate_ifname(name)
-    except CNIError as e:
-        raise invalid_config(key, name, e.msg) from None
+    problem = names.ifname_problem(name)
+    if problem is not None:
+        raise invalid_config(key, name, problem)
 
 
 def collect_vlan_trunk(trunks: list[VlanTrunk] | None) -> list[int]:
@@ -121,9 +119,9 @@ def collect_vlan_trunk(trunks: list[VlanTrunk] | None) -> list[int]:
 def container_mac(req: Request, conf: NetConf) -> str:
     """runtimeConfig.mac > args.cni.mac > CNI_ARGS MAC= (the reference's precedence)."""
     mac = cni_args_mac(req)
-    cni = (conf.args or {}).get("cni")
-    if isinstance(cni, dict) and cni.get("mac"):
-        mac = check_mac("args.cni.mac", cni["mac"])
+    cni = keys.get(conf.args or {}, "cni")
+    if isinstance(cni, dict) and keys.get(cni, "mac"):
+        mac = check_mac("args.cni.mac", keys.get(cni, "mac"))
     if req.runtime_config.get("mac"):
         mac = check_mac("runtimeConfig.mac", req.runtime_config["mac"])
     return mac
@@ -132,15 +130,7 @@ def container_mac(req: Request, conf: NetConf) -> str:
 def cni_args_mac(req: Request) -> str:
     """CNI_ARGS as the reference's LoadArgs into {IgnoreUnknown, MAC}: other keys are refused
     unless IgnoreUnknown is true."""
-    known = {"IgnoreUnknown", "MAC"}
-    unknown = [f"{k}={v}" for k, v in req.args if k not in known]
-    ignore = req.arg("IgnoreUnknown")
-    if ignore is not None and ignore.lower() not in ("1", "true", "0", "false"):
-        raise CNIError(Code.INVALID_ENV, f"CNI_ARGS: invalid IgnoreUnknown {ignore!r}: "
-                       "boolean unmarshal error")
-    if unknown and (ignore or "").lower() not in ("1", "true"):
-        raise CNIError(Code.INVALID_ENV, f"ARGS: unknown args {unknown}")
-    mac = req.arg("MAC")
+    mac = names.known_args(req.args, ("MAC",)).get("MAC")
     if not mac:
         return ""
     if not _MAC.match(mac) or int(mac[:2], 16) & 1:
@@ -200,18 +190,24 @@ def add(req: Request) -> Result:
 def _add(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Result:
     br = bridge.ensure(conf.bridge, conf.mtu, conf.promiscMode,
                        vlan_filtering=bool(conf.vlan or conf.vlanTrunk is not None))
-    bridge.pin_mac(br)
 
     pair = veth.create(req.netns_target, req.ifname, conf.mtu, conf.mac)
     undo.push("veth", lambda: veth.delete_host_end(pair.host.name))
     bridge.attach(pair.host.name, br, conf.hairpinMode, conf.portIsolation)
+    # Pinned once it has a port: pinned before, the kernel leaves it in operstate UNKNOWN with
+    # bridge id 0 (the reference's bridge is UP).
+    bridge.pin_mac(br)
     bridge.set_vlans(pair.host.name, conf.vlan, conf.vlans, conf.preserveDefaultVlan)
 
     if conf.macspoofchk:
-        undo.push("spoof check", lambda: spoofchk.teardown(conf.name, req.ifname,
-                                                           req.container_id))
-        spoofchk.setup(pair.host.name, pair.container.mac, conf.name, req.ifname,
-                       req.container_id)
+        undo.push("spoof check", lambda: spoofchk.teardown(req.container_id, req.ifname,
+                                                           conf.name))
+        try:
+            spoofchk.setup(pair.host.name, pair.container.mac, req.container_id, req.ifname)
+        except ValueError:
+            raise CNIError(Code.INVALID_ENV, f"macspoofchk: CNI_CONTAINERID {req.container_id!r}"
+                           f" and CNI_IFNAME {req.ifname!r} must make an nftables chain name "
+                           "(letters, digits, '_', '.', '-'; comment at most 128 bytes)") from None
 
     result: Result = {
         "cniVersion": req.version,
@@ -336,8 +332,8 @@ def delete(req: Request) -> None:
         ipam.delete(req, conf.ipam_type)
 
     # By comment, so nothing leaks whatever CNI_NETNS was; only an error if the feature is on.
-    _teardown(conf.macspoofchk, lambda: spoofchk.teardown(conf.name, req.ifname,
-                                                          req.container_id), req)
+    _teardown(conf.macspoofchk, lambda: spoofchk.teardown(req.container_id, req.ifname,
+                                                          conf.name), req)
     _teardown(conf.ipMasq, lambda: masq.teardown(conf.name, req.ifname, req.container_id), req)
 
 
@@ -407,7 +403,7 @@ def _check(req: Request) -> None:
             address = str(ipaddress.ip_interface(ipc["address"]).ip)
             if address not in have:
                 raise CNIError(Code.INTERNAL, f"masquerade rule for {address} is missing")
-    if conf.macspoofchk and not spoofchk.present(conf.name, req.ifname, req.container_id):
+    if conf.macspoofchk and not spoofchk.present(req.container_id, req.ifname, conf.name):
         raise CNIError(Code.INTERNAL, f"mac spoof check for {req.ifname} is missing")
 
 
@@ -429,11 +425,11 @@ def check_bridge(conf: NetConf, entry: dict) -> links.Link:
 def gc(req: Request) -> None:
     conf = load(req, strict=False)
     valid = valid_attachments(req.config)
-    if valid is None:  # stale and live look alike without the list: IPAM decides (host-local: 7)
+    if valid is None:  # libcni's GC without args: stale and live look alike, remove nothing
         req.log("GC without cni.dev/valid-attachments: no nftables rule removed")
     else:
         _teardown(conf.ipMasq, lambda: masq.gc(conf.name, valid), req)
-        _teardown(conf.macspoofchk, lambda: spoofchk.gc(conf.name, valid), req)
+        _teardown(conf.macspoofchk, lambda: spoofchk.gc(conf.name, valid, links.names()), req)
     if conf.ipam_type:
         ipam.gc(req, conf.ipam_type)
 

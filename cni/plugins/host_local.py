@@ -7,12 +7,12 @@ reference lacks. No verb touches a network namespace, so CNI_NETNS may be any va
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from cni.ipam import config as ipam_config
 from cni.ipam.allocator import Address, Allocator, parse_ip
 from cni.ipam.store import Store, StoreError, is_special
-from cni.skel import Request, valid_attachments, validate_container_id, validate_ifname
+from cni.skel import Request, valid_attachments
+from cni.spec import names
 from cni.spec.errors import CNIError, Code
 from cni.spec.result import Result
 
@@ -101,7 +101,10 @@ def _prev_ips(req: Request, conf: ipam_config.IPAMConfig) -> list[Address]:
 def gc(req: Request) -> None:
     """Release every reservation whose attachment is not in the runtime's valid list."""
     conf = _load(req)
-    valid = _valid_attachments(req.config)
+    valid = valid_attachments(req.config)
+    if valid is None:  # libcni's GC without args; releasing on a missing list loses live IPs
+        req.log("GC without cni.dev/valid-attachments: no reservation released")
+        return
     valid_ids = {cid for cid, _ in valid}
     with Store(conf.data_dir, conf.name) as store:
         for name, content in list(store.entries()):
@@ -113,15 +116,6 @@ def gc(req: Request) -> None:
             if not keep:
                 req.log(f"gc: releasing {name} held by {cid!r}/{ifname!r}")
                 store.release_ip(name)
-
-
-def _valid_attachments(config: dict[str, Any]) -> set[tuple[str, str]]:
-    valid = valid_attachments(config)
-    if valid is None:  # releasing everything on a missing list is how IPs vanish under live pods
-        raise CNIError(Code.INVALID_CONFIG,
-                       "invalid cni.dev/valid-attachments null: GC needs the list of valid "
-                       "attachments")
-    return valid
 
 
 def status(req: Request) -> None:
@@ -154,5 +148,5 @@ def _probe_write(store: Store) -> None:
 # Container IDs and ifnames reach the store's file contents: the skel validates them, and so do
 # we when called in-process by another plugin.
 def _validate(req: Request) -> None:
-    validate_container_id(req.container_id)
-    validate_ifname(req.ifname)
+    names.check_container_id(req.container_id)
+    names.check_ifname(req.ifname)

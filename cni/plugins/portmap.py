@@ -1,7 +1,9 @@
 """portmap: hostPort forwarding for a container, chained after the plugin that gave it its IPs.
 
-Reads like the reference's cmdAdd / cmdDel / cmdCheck, on the nftables backend only. Rule text
-and the nftables layout live in cni.host.hostport; the UDP conntrack flush in cni.host.conntrack.
+Reads like the reference's cmdAdd / cmdDel / cmdCheck, on the nftables backend only, with the
+reference's v1.9 layout and rule comments (the bare container ID), so either side's DEL and CHECK
+work on the other's rules. Rule text, the layout and the per-attachment records that give GC its
+network live in cni.host.hostport; the UDP conntrack flush in cni.host.conntrack.
 Unlike the reference, DEL does not need portMappings again (rules are found by their owner), a
 re-ADD replaces the container's rules instead of duplicating them, and GC is implemented.
 """
@@ -18,6 +20,7 @@ from cni import skel
 from cni.host import conntrack, hostport, nft
 from cni.host.hostport import Mapping
 from cni.skel import Request
+from cni.spec import keys
 from cni.spec.config import PluginConf, parse
 from cni.spec.errors import CNIError, Code, invalid_config, unsupported
 from cni.spec.result import Result
@@ -47,13 +50,23 @@ def add(req: Request) -> Result:
     if not mappings:
         return req.prev_result
     ips = container_ips(req.prev_result, req.ifname)
-    check_host_ip_families(mappings, ips)
+    skip_host_ip_families(req, mappings, ips)
     conditions = parse_conditions(conf)
     rules = hostport.container_rules(ips, mappings, conf.snat, conf.masqAll)
     if rules:
-        comment = owner(req)
-        _apply(lambda: hostport.add_script(rules, comment, conditions, conf.snat,
-                                           _ours(req, set(hostport.NFT_FAMILY))))
+        comment, chain = owner(req), record(req)
+        families = {r.family for r in rules}
+
+        def script() -> str:
+            listings = {f: _listed(f) for f in hostport.NFT_FAMILY}
+            return hostport.add_script(
+                rules, comment, conditions, conf.snat,
+                replace=[r for lst in listings.values() for r in _ours(req, lst)],
+                records={f: (chain, ip) for f, ip in ips.items() if f in families},
+                drop_records={f: [chain] for f, lst in listings.items()
+                              if f not in families and chain in lst.chains})
+
+        _apply(script)
         if conf.snat and 4 in ips:
             hostport.route_localnet_toward(ips[4])
         # After the rules are in, so the next packet of a stale UDP flow meets them.
@@ -65,7 +78,9 @@ def add(req: Request) -> Result:
 
 def delete(req: Request) -> None:
     parse_config(req, for_del=True)
-    found = _delete_found(lambda family: _ours(req, {family}))
+    chain = record(req)
+    found = _delete_found(lambda lst: (_ours(req, lst),
+                                       [chain] if chain in lst.chains else []))
     for family, rules in found.items():
         _flush_udp(req, family, hostport.udp_host_ports(rules))
 
@@ -79,14 +94,12 @@ def check(req: Request) -> None:
         return
     ips = container_ips(req.prev_result, req.ifname)
     expected = hostport.container_rules(ips, mappings, conf.snat, conf.masqAll)
-    comment = owner(req)
     for family in ips:
-        listed = _listed(family)
-        if not hostport.entry_rules_present(listed):
+        listing = _listed(family)
+        if not hostport.entry_rules_present(listing.rules):
             raise CNIError(Code.INTERNAL, f"{hostport.NFT_FAMILY[family]} {hostport.TABLE}: "
                            f"prerouting/output do not jump to {hostport.HOSTPORTS_ALL}")
-        have = {hostport.signature(r) for r in
-                hostport.container_rules_found(listed, lambda c: c == comment)}
+        have = {hostport.signature(r) for r in _ours(req, listing)}
         for rule in (r for r in expected if r.family == family):
             if rule.signature() not in have:
                 raise CNIError(Code.INTERNAL, f"missing hostport rule in chain {rule.chain}: "
@@ -94,18 +107,25 @@ def check(req: Request) -> None:
 
 
 def gc(req: Request) -> None:
-    """Remove the rules of this network's attachments that are not in the valid list."""
+    """Remove the rules of this network's attachments that are not in the valid list (found by
+    their records, see cni.host.hostport), and legacy rules of the network likewise."""
     parse_config(req, for_del=True)
-    valid = valid_attachments(req.config)
-    if valid is None:
-        req.log("GC without cni.dev/valid-attachments: nothing removed")
+    valid = skel.valid_attachments(req.config)
+    if valid is None:  # libcni's GC without args: stale and live look alike
+        req.log("GC without cni.dev/valid-attachments: no rule removed")
         return
+    keep = {hostport.record_chain(cid, req.network, ifname) for cid, ifname in valid}
+    legacy_keep = {hostport.legacy_attachment_key(cid, ifname) for cid, ifname in valid}
 
-    def stale(comment: str) -> bool:
-        key = hostport.owner_in_network(comment, req.network)
-        return key is not None and key not in valid
+    def stale(listing: hostport.Listing) -> tuple[list[dict[str, Any]], list[str]]:
+        chains, rules = hostport.stale_records(listing, req.network, keep)
+        for r in listing.rules:
+            key = hostport.legacy_owner_in_network(str(r.get("comment") or ""), req.network)
+            if r.get("chain") in hostport.OWNED_CHAINS and key and key not in legacy_keep:
+                rules.append(r)
+        return rules, chains
 
-    found = _delete_found(lambda family: hostport.container_rules_found(_listed(family), stale))
+    found = _delete_found(stale)
     for family, rules in found.items():
         _flush_udp(req, family, hostport.udp_host_ports(rules))
 
@@ -137,6 +157,9 @@ def parse_conditions(conf: PortMapConf) -> dict[int, str]:
         if tokens:
             try:
                 out[family] = hostport.conditions_text(tokens)
+                hostport.conditions_check(family, out[family])
+            except nft.NftUnavailable as e:
+                raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
             except ValueError as e:
                 raise invalid_config(key, tokens, str(e)) from None
     return out
@@ -151,20 +174,26 @@ def parse_mappings(raw: Any) -> list[Mapping]:
     return [_mapping(i, entry) for i, entry in enumerate(raw)]
 
 
-def _mapping(i: int, entry: Any) -> Mapping:
+MAPPING_KEYS = ("hostPort", "containerPort", "protocol", "hostIP")
+
+
+def _mapping(i: int, raw: Any) -> Mapping:
     key = f"runtimeConfig.portMappings[{i}]"
-    if not isinstance(entry, dict):
-        raise invalid_config(key, entry, "must be an object")
+    if not isinstance(raw, dict):
+        raise invalid_config(key, raw, "must be an object")
+    # containerd's CRI sends HostPort, ContainerPort, Protocol, HostIP: Go structs without tags.
+    entry = keys.match(raw, MAPPING_KEYS)
     for port_key in ("hostPort", "containerPort"):
         port = entry.get(port_key)
         if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-            raise invalid_config(f"{key}.{port_key}", port, "must be a port number 1-65535")
+            raise invalid_config(f"{key}.{entry.written(port_key)}", port,
+                                 "must be a port number 1-65535")
     proto = entry.get("protocol")
     if not isinstance(proto, str) or proto.lower() not in hostport.PROTOCOLS:
-        raise invalid_config(f"{key}.protocol", proto,
+        raise invalid_config(f"{key}.{entry.written('protocol')}", proto,
                              f"must be one of {', '.join(hostport.PROTOCOLS)}")
     return Mapping(entry["hostPort"], entry["containerPort"], proto.lower(),
-                   _host_ip(f"{key}.hostIP", entry.get("hostIP")))
+                   _host_ip(f"{key}.{entry.written('hostIP')}", entry.get("hostIP")))
 
 
 def _host_ip(key: str, value: Any) -> str:
@@ -183,12 +212,13 @@ def _host_ip(key: str, value: Any) -> str:
     return str(ip)
 
 
-def check_host_ip_families(mappings: list[Mapping], ips: dict[int, str]) -> None:
-    """A specific hostIP needs a container address of its family, or it would map nothing."""
+def skip_host_ip_families(req: Request, mappings: list[Mapping], ips: dict[int, str]) -> None:
+    """A hostIP of a family the container has no address of maps nothing (the reference skips
+    it per family too); say so, since the runtime asked for it."""
     for i, m in enumerate(mappings):
         if m.host_ip and ipaddress.ip_address(m.host_ip).version not in ips:
-            raise invalid_config(f"runtimeConfig.portMappings[{i}].hostIP", m.host_ip,
-                                 "the container has no IP of that family")
+            req.log(f"portMappings[{i}]: hostIP {m.host_ip} skipped: the container has no "
+                    f"IPv{ipaddress.ip_address(m.host_ip).version} address")
 
 
 def container_ips(prev: Result, ifname: str) -> dict[int, str]:
@@ -208,43 +238,46 @@ def container_ips(prev: Result, ifname: str) -> dict[int, str]:
     return out
 
 
-def valid_attachments(config: dict[str, Any]) -> set[tuple[str, str]] | None:
-    """The valid list as rule owner keys (hostport.attachment_key); None: no list sent."""
-    valid = skel.valid_attachments(config)
-    if valid is None:
-        return None
-    return {hostport.attachment_key(cid, ifname) for cid, ifname in valid}
-
-
 # --- helpers ----------------------------------------------------------------------------------
 
 def owner(req: Request) -> str:
-    return hostport.owner(req.container_id, req.network, req.ifname)
+    return hostport.rule_comment(req.container_id)
 
 
-def _listed(family: int) -> list[dict[str, Any]]:
+def record(req: Request) -> str:
+    return hostport.record_chain(req.container_id, req.network, req.ifname)
+
+
+def _listed(family: int) -> hostport.Listing:
     try:
         return hostport.listed(family)
     except nft.NftUnavailable as e:
         raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
 
 
-def _ours(req: Request, families: set[int]) -> list[dict[str, Any]]:
-    """This attachment's rules; also bare container-ID comments (the reference's own rules)."""
-    comment = owner(req)
-    return [r for f in sorted(families) for r in hostport.container_rules_found(
-        _listed(f), lambda c: c in (comment, req.container_id))]
+def _ours(req: Request, listing: hostport.Listing) -> list[dict[str, Any]]:
+    """This attachment's rules in one family: bare container-ID comments (ours and the
+    reference's) not recorded for another attachment, and our legacy comments."""
+    legacy = hostport.legacy_owner(req.container_id, req.network, req.ifname)
+    return (hostport.attachment_rules(listing, owner(req), record(req))
+            + listing.owned(legacy))
 
 
-def _delete_found(find: Callable[[int], list[dict[str, Any]]]) -> dict[int, list[dict[str, Any]]]:
-    """Delete in one batch the rules `find` picks from each family's listing, and return them
-    (for the UDP conntrack flush). The first batch uses those listings; a retry lists again."""
-    found = {family: find(family) for family in hostport.NFT_FAMILY}
-    listings = iter([found])
+def _delete_found(find: Callable[[hostport.Listing],
+                                 tuple[list[dict[str, Any]], list[str]]]
+                  ) -> dict[int, list[dict[str, Any]]]:
+    """Delete in one batch the rules and record chains `find` picks from each family's listing
+    (listed afresh on each try), and return the rules (for the UDP conntrack flush)."""
+    found: dict[int, list[dict[str, Any]]] = {}
 
     def script() -> str:
-        rules = next(listings, None) or {family: find(family) for family in hostport.NFT_FAMILY}
-        return nft.delete_rules_script([r for family in rules for r in rules[family]])
+        text = ""
+        for family in hostport.NFT_FAMILY:
+            rules, chains = find(_listed(family))
+            found[family] = rules
+            text += nft.delete_rules_script(rules)
+            text += hostport.drop_chains_script(family, chains)
+        return text
 
     _apply(script)
     return found

@@ -14,8 +14,6 @@ can chain plugins of different spec generations; prevResult is converted to each
 from __future__ import annotations
 
 import json
-import re
-import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -23,14 +21,13 @@ from typing import IO, Any
 from cni.runtime import invoke
 from cni.runtime.cache import DEFAULT_CACHE_DIR, CachedAttachment, ResultCache, go_json
 from cni.runtime.conflist import NetworkConfigList
+from cni.spec import names
 from cni.spec import result as results
 from cni.spec.errors import CNIError, Code
 from cni.spec.version import SUPPORTED, at_least
 
 Result = dict[str, Any]
 VALID_ATTACHMENTS_KEY = "cni.dev/valid-attachments"
-_ID_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
-_MAX_IFNAME = 15
 
 
 @dataclass
@@ -114,25 +111,9 @@ def describe(plugin: dict[str, Any]) -> str:
 
 def validate_attachment(network: str, rt: RuntimeConf) -> None:
     """libcni's checks before an ADD: container ID, network name, interface name."""
-    if not rt.container_id:
-        raise CNIError(Code.UNKNOWN_CONTAINER, "missing containerID")
-    if not _ID_RE.match(rt.container_id):
-        raise CNIError(Code.INVALID_ENV, "invalid characters in containerID", rt.container_id)
-    if not network:
-        raise CNIError(Code.INVALID_CONFIG, "missing network name:")
-    if not _ID_RE.match(network):
-        raise CNIError(Code.INVALID_CONFIG, "invalid characters found in network name", network)
-    name = rt.ifname
-    if not name:
-        raise CNIError(Code.INVALID_ENV, "interface name is empty")
-    if len(name.encode()) > _MAX_IFNAME:
-        raise CNIError(Code.INVALID_ENV, "interface name is too long",
-                       f"interface name should be less than {_MAX_IFNAME + 1} characters")
-    if name in (".", ".."):
-        raise CNIError(Code.INVALID_ENV, "interface name is . or ..")
-    if any(c in "/:" or c.isspace() or unicodedata.category(c) == "Zs" for c in name):
-        raise CNIError(Code.INVALID_ENV,
-                       "interface name contains / or : or whitespace characters")
+    names.check_container_id(rt.container_id)
+    names.check_network_name(network)
+    names.check_ifname(rt.ifname)
 
 
 def parse_valid_attachments(data: Any) -> list[tuple[str, str]]:

@@ -198,14 +198,6 @@ def load(directory: str | os.PathLike[str], name: str) -> NetworkConfigList:
     raise not_found(directory, name)
 
 
-def load_all(directory: str | os.PathLike[str]) -> list[NetworkConfigList]:
-    """Every network in `directory`, conflists first then single confs (for listings)."""
-    confs = [from_file(p) for p in conf_files(directory, (".conflist",))]
-    for path in conf_files(directory, (".conf", ".json")):
-        confs.append(from_single_conf(path.read_bytes(), source=str(path)))
-    return confs
-
-
 def not_found(directory: str | os.PathLike[str], name: str) -> CNIError:
     return CNIError(Code.INVALID_CONFIG, f'no net configuration with name "{name}" in {directory}')
 

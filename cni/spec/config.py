@@ -1,4 +1,4 @@
-"""Config models (pydantic): the common plugin keys, the conflist, and error translation.
+"""Config models (pydantic): the common plugin keys, and error translation.
 
 A validation failure becomes CNI error 7 naming the key path and the value given, e.g.
 `invalid network config: ipam.ranges.0.0.subnet: "10.0.0.1/24": host bits set`.
@@ -7,21 +7,26 @@ A validation failure becomes CNI error 7 naming the key path and the value given
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from cni.spec import keys
 from cni.spec.errors import CNIError, Code
 
-NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
 M = TypeVar("M", bound=BaseModel)
 
 
 class Model(BaseModel):
-    """Base for config models: unknown keys are kept and ignored (runtimes add their own)."""
+    """Base for config models: unknown keys are kept and ignored (runtimes add their own);
+    known keys are found however they are cased, as Go's decoder finds them (cni.spec.keys)."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_keys(cls, data: Any) -> Any:
+        return keys.match(data, cls.model_fields) if isinstance(data, dict) else data
 
 
 class DNS(Model):
@@ -45,23 +50,6 @@ class PluginConf(Model):
     prevResult: dict[str, Any] | None = None
 
 
-class ConfList(Model):
-    cniVersion: str = ""
-    cniVersions: list[str] = Field(default_factory=list)
-    name: str
-    disableCheck: bool = False
-    disableGC: bool = False
-    loadOnlyInlinedPlugins: bool = False
-    plugins: list[dict[str, Any]] = Field(default_factory=list)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not NAME_RE.match(v):
-            raise ValueError("invalid characters found in network name")
-        return v
-
-
 def parse(model: type[M], data: Any, prefix: str = "") -> M:
     """Validate `data` into `model`, or raise CNI error 7 naming the first bad key and value."""
     try:
@@ -72,7 +60,8 @@ def parse(model: type[M], data: Any, prefix: str = "") -> M:
 
 def _to_cni(e: ValidationError, data: Any, prefix: str) -> CNIError:
     first = e.errors(include_url=False)[0]
-    loc = ".".join(str(p) for p in (*([prefix] if prefix else []), *first["loc"]))
+    path = keys.written_path(data, first["loc"])  # the key as the user cased it
+    loc = ".".join(str(p) for p in (*([prefix] if prefix else []), *path))
     value = first.get("input")
     msg = first["msg"].removeprefix("Value error, ")
     shown = json.dumps(value, default=str)

@@ -168,7 +168,3 @@ def from_current(result: Result, version: str) -> Result:
 
 def convert(obj: Any, from_version: str, to_version: str) -> Result:
     return from_current(to_current(obj, from_version), to_version)
-
-
-def empty(version: str) -> Result:
-    return {"cniVersion": version, "interfaces": [], "ips": [], "routes": [], "dns": {}}

@@ -31,18 +31,3 @@ def require_supported(version: str, supported: tuple[str, ...] = SUPPORTED) -> s
             f'incompatible CNI versions; config is "{version}", plugin supports [{listed}]',
         )
     return version
-
-
-def negotiate(config_versions: list[str], plugin_versions: tuple[str, ...]) -> str | None:
-    """The highest version in both lists (for a conflist's `cniVersions`), or None."""
-    common = set(config_versions) & set(plugin_versions)
-    valid = [v for v in common if _is_version(v)]
-    return max(valid, key=parse) if valid else None
-
-
-def _is_version(version: str) -> bool:
-    try:
-        parse(version)
-    except CNIError:
-        return False
-    return True

@@ -1,0 +1,177 @@
+"""The CRI pod in `make bench`: what kubelet waits for, side by side.
+
+One throwaway node per side (integration/clients.py: its own netns and mount ns, a private
+containerd 1.6 with CRI on, the pause image imported), the same chain (bridge + host-local,
+portmap, bandwidth; containerd adds loopback), and pods that carry a hostPort and the bandwidth
+annotations. Per pod: RunPodSandbox (netns, pause container, CNI ADD), then
+StopPodSandbox + RemovePodSandbox (CNI DEL, and 1.6's second DEL with an empty netns), timed
+from the client, the sides interleaved. Afterwards each node must hold nothing of any pod.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "integration"), str(ROOT / "tests")]
+
+from clients import (  # noqa: E402
+    PAUSE_CMD,
+    PAUSE_IMAGE,
+    CRIContainerd,
+    Node,
+    PycniDaemon,
+    build_image,
+    cgroup_parent,
+    cri_conflist,
+    install,
+    leftovers,
+    missing_tools,
+)
+
+REFERENCE = Path("/usr/lib/cni")
+TOOLS = ("containerd", "ctr", "runc", "buildah", "nsenter", "unshare", "iptables")
+ANNOTATIONS = {"kubernetes.io/ingress-bandwidth": "100M", "kubernetes.io/egress-bandwidth": "100M"}
+RUN, STOP = "CRI RunPodSandbox", "CRI StopPodSandbox+RemovePodSandbox"
+Add = Callable[[str, str, float], None]
+
+
+@dataclass
+class CRINode:
+    """One side: a node netns, containerd with CRI, its client; pycni's daemon if asked."""
+
+    name: str
+    netns: str
+    node: Node
+    ctrd: CRIContainerd
+    state: Path
+    network: str
+    daemon: PycniDaemon | None = None
+    client: Any = None
+    pods: list[str] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for stop in (getattr(self.client, "close", None), self.ctrd.stop,
+                     self.daemon.stop if self.daemon else None, self.node.stop):
+            try:
+                if stop:
+                    stop()
+            except Exception as e:  # noqa: BLE001 - tear every side down
+                print(f"bench cri: stopping {self.name}: {e}", file=sys.stderr)
+        subprocess.run(["ip", "netns", "del", self.netns], check=False, capture_output=True)
+
+
+def start_node(name: str, tmp: Path, pause: Path, daemon: bool, no_daemon_socket: bool) -> \
+        CRINode:
+    from cri.client import CRIClient
+
+    work = tmp / name.replace(" ", "_").replace("(", "").replace(")", "").replace("+", "_")
+    reference = name == "reference"
+    conf = cri_conflist(reference=reference)
+    if reference:
+        bin_dir, conf_dir = REFERENCE, work / "net.d"
+        conf_dir.mkdir(parents=True)
+        (conf_dir / "10-pycni.conflist").write_text(json.dumps(conf))
+    else:
+        bin_dir, conf_dir = install(work / "cni", conf)
+    netns = f"bench-cri-{secrets.token_hex(3)}"
+    subprocess.run(["ip", "netns", "add", netns], check=True)
+    subprocess.run(["ip", "-n", netns, "link", "set", "lo", "up"], check=True)
+    state = work / "var-lib-cni"
+    node = Node(netns, bin_dir=bin_dir, conf_dir=conf_dir, state_dir=state)
+    d = PycniDaemon(node, work / "daemon") if daemon else None
+    env = d.env if d else ({"PYCNI_SOCKET": str(work / "no-daemon.sock")}
+                           if no_daemon_socket else None)
+    ctrd = CRIContainerd(node, work / "containerd", cni_bin=bin_dir, cni_conf=conf_dir,
+                         sandbox_image=PAUSE_IMAGE, env=env)
+    side = CRINode(name, netns, node, ctrd, state, conf["name"], d)
+    try:
+        ctrd.ctr("images", "import", str(pause))
+        side.client = CRIClient(str(ctrd.sock))
+        side.client.wait_ready()
+        side.client.wait_image(PAUSE_IMAGE)
+    except Exception:
+        side.stop()
+        raise
+    return side
+
+
+def one_pod(side: CRINode, index: int, cgroup: str, add: Add | None,
+            error: Callable[[str], None]) -> None:
+    """RunPodSandbox, then StopPodSandbox + RemovePodSandbox; add=None is a warm-up."""
+    from cri.client import PortMap
+
+    client = side.client
+    start = time.perf_counter()
+    try:
+        pod = client.run_pod(f"bench-{index}", port_mappings=[PortMap(8080, 80)],
+                             annotations=ANNOTATIONS, cgroup_parent=cgroup)
+    except Exception as e:  # noqa: BLE001 - a failure is a figure too
+        error(f"[{side.name}] RunPodSandbox: {e}")
+        return
+    run_ms = (time.perf_counter() - start) * 1000
+    side.pods.append(pod.id)
+    ip, _ = client.pod_ip(pod.id)  # untimed: kubelet asks once the sandbox is up
+    if not ip:
+        error(f"[{side.name}] pod {pod.id[:12]} has no IP")
+    start = time.perf_counter()
+    try:
+        client.stop_remove(pod.id)
+    except Exception as e:  # noqa: BLE001
+        error(f"[{side.name}] StopPodSandbox/RemovePodSandbox: {e}")
+        return
+    stop_ms = (time.perf_counter() - start) * 1000
+    if add:
+        add(RUN, side.name, run_ms)
+        add(STOP, side.name, stop_ms)
+
+
+def bench_cri(names: list[str], pods: int, pods_no_daemon: int, add: Add,
+              error: Callable[[str], None]) -> None:
+    """`pods` pods one at a time per side (pods_no_daemon for the side without the daemon),
+    rotating which side goes first; then each node's leftovers (veths, ifbs, reservations,
+    cache files, and rules naming a pod)."""
+    if missing := missing_tools(*TOOLS):
+        error(f"CRI pods skipped: {', '.join(missing)} not installed")
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="pycni-bench-cri-"))
+    with cgroup_parent() as cgroup:  # removed once the pods are gone
+        sides: list[CRINode] = []
+        try:
+            pause = build_image(tmp / "pause", PAUSE_IMAGE, cmd=PAUSE_CMD)
+            for name in names:
+                sides.append(start_node(name, tmp, pause, daemon=name == "pycni+daemon",
+                                        no_daemon_socket="no daemon" in name))
+            for side in sides:
+                one_pod(side, 0, cgroup, None, error)
+            for i in range(max(pods, pods_no_daemon)):
+                k = i % len(sides)
+                for side in sides[k:] + sides[:k]:
+                    if i < (pods_no_daemon if "no daemon" in side.name else pods):
+                        one_pod(side, i + 1, cgroup, add, error)
+            for side in sides:
+                ip_json = lambda *a, n=side.node: json.loads(  # noqa: E731
+                    n.run("ip", "-j", *a).stdout or "[]")
+                left = leftovers(ip_json, side.state, side.network, side.pods)
+                rules = side.node.run("nft", "list", "ruleset").stdout + side.node.run(
+                    "iptables-save", check=False).stdout
+                left += [f"rule naming {p[:12]}" for p in side.pods if p in rules]
+                add("CRI pods leftovers after remove", side.name, len(left))
+                for item in left[:10]:
+                    error(f"[{side.name}] CRI leftover {item}")
+        except Exception as e:  # noqa: BLE001 - the rest of the bench goes on
+            error(f"CRI pods: {type(e).__name__}: {e}")
+        finally:
+            for side in sides:
+                side.stop()
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,242 @@
+"""CRIClient: the calls kubelet makes to a CRI runtime to run a pod and tear it down.
+
+    client = CRIClient("/run/containerd/containerd.sock")
+    pod = client.run_pod("web", port_mappings=[PortMap(8080, 80)],
+                         annotations={"kubernetes.io/ingress-bandwidth": "1M"})
+    client.create_start(pod, "httpd", "localhost/pycni-busybox:test",
+                        ["/bin/httpd", "-f", "-p", "80", "-h", "/www"])
+    ip, more = client.pod_ip(pod.id)
+    client.stop_remove(pod.id)
+
+No pytest here: scripts (the VM scenario) use it as is. CLI:
+    python -m integration.cri.client --socket SOCK version
+    python -m integration.cri.client --socket SOCK run NAME --port 8080:80 \
+        --annotation kubernetes.io/ingress-bandwidth=1M --image IMG -- CMD...   # prints JSON
+    python -m integration.cri.client --socket SOCK rm POD_ID
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from . import stubs
+
+pb, pb_grpc = stubs.load()
+PROTOCOLS = {"tcp": pb.TCP, "udp": pb.UDP, "sctp": pb.SCTP}
+
+
+@dataclass(frozen=True)
+class PortMap:
+    """A hostPort, as kubelet puts it in PodSandboxConfig.port_mappings."""
+
+    host_port: int
+    container_port: int
+    protocol: str = "tcp"
+    host_ip: str = ""
+
+
+@dataclass
+class Pod:
+    """A running sandbox: its id and the config it was made with (CreateContainer resends it)."""
+
+    id: str
+    config: Any  # runtime_v1_pb2.PodSandboxConfig
+    containers: list[str] = field(default_factory=list)
+
+
+class CRIClient:
+    def __init__(self, socket_path: str, timeout: float = 180.0) -> None:
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel(f"unix://{socket_path}")
+        self.runtime = pb_grpc.RuntimeServiceStub(self.channel)
+        self.images = pb_grpc.ImageServiceStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> CRIClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- runtime and images -----------------------------------------------------------------
+
+    def version(self) -> dict[str, str]:
+        r = self.runtime.Version(pb.VersionRequest(version="v1"), timeout=self.timeout)
+        return {"runtime_name": r.runtime_name, "runtime_version": r.runtime_version,
+                "runtime_api_version": r.runtime_api_version}
+
+    def wait_ready(self, timeout: float = 60.0) -> dict[str, str]:
+        """Version once the CRI service answers (it starts after containerd's socket)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.version()
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def has_image(self, ref: str) -> bool:
+        r = self.images.ImageStatus(pb.ImageStatusRequest(image=pb.ImageSpec(image=ref)),
+                                    timeout=self.timeout)
+        return bool(r.image.id)
+
+    def wait_image(self, ref: str, timeout: float = 60.0) -> None:
+        """CRI learns of an image imported with ctr from containerd's events, a bit later."""
+        deadline = time.monotonic() + timeout
+        while not self.has_image(ref):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRI does not see image {ref}")
+            time.sleep(0.2)
+
+    # ---- pods ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def pod_config(name: str, *, namespace: str = "default", uid: str | None = None,
+                   port_mappings: Sequence[PortMap] = (), annotations: dict[str, str] | None =
+                   None, labels: dict[str, str] | None = None, log_directory: str = "",
+                   cgroup_parent: str = "", dns_servers: Sequence[str] = ()) -> Any:
+        """A PodSandboxConfig as kubelet fills it for a pod with its own network namespace."""
+        uid = uid or str(uuid.uuid4())
+        return pb.PodSandboxConfig(
+            metadata=pb.PodSandboxMetadata(name=name, uid=uid, namespace=namespace, attempt=0),
+            hostname=name,
+            log_directory=log_directory,
+            dns_config=pb.DNSConfig(servers=list(dns_servers)),
+            port_mappings=[pb.PortMapping(protocol=PROTOCOLS[p.protocol.lower()],
+                                          container_port=p.container_port,
+                                          host_port=p.host_port, host_ip=p.host_ip)
+                           for p in port_mappings],
+            labels={"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": namespace,
+                    "io.kubernetes.pod.uid": uid, **(labels or {})},
+            annotations=annotations or {},
+            linux=pb.LinuxPodSandboxConfig(
+                cgroup_parent=cgroup_parent,
+                security_context=pb.LinuxSandboxSecurityContext(
+                    namespace_options=pb.NamespaceOption(network=pb.POD, pid=pb.CONTAINER,
+                                                         ipc=pb.POD))))
+
+    def run_pod(self, name: str, **kw: Any) -> Pod:
+        """RunPodSandbox: the runtime makes the netns and runs the CNI ADD chain in it."""
+        config = self.pod_config(name, **kw)
+        r = self.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config),
+                                       timeout=self.timeout)
+        return Pod(r.pod_sandbox_id, config)
+
+    def pod_status(self, pod_id: str, verbose: bool = False) -> Any:
+        return self.runtime.PodSandboxStatus(
+            pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=verbose),
+            timeout=self.timeout)
+
+    def pod_ip(self, pod_id: str) -> tuple[str, list[str]]:
+        """(network.ip, additional_ips): what kubelet reports as the pod's IPs."""
+        net = self.pod_status(pod_id).status.network
+        return net.ip, [a.ip for a in net.additional_ips]
+
+    def pod_ids(self) -> list[str]:
+        r = self.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=self.timeout)
+        return [p.id for p in r.items]
+
+    def stop_remove(self, pod_id: str, containers: Sequence[str] = ()) -> None:
+        """kubelet's order: each container stopped and removed, then the sandbox (StopPodSandbox
+        runs the CNI DEL chain; RemovePodSandbox forgets it)."""
+        for cid in containers:
+            self.runtime.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0),
+                                       timeout=self.timeout)
+            self.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid),
+                                         timeout=self.timeout)
+        self.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod_id),
+                                    timeout=self.timeout)
+        self.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id),
+                                      timeout=self.timeout)
+
+    # ---- containers ---------------------------------------------------------------------------
+
+    def create_start(self, pod: Pod, name: str, image: str, command: Sequence[str],
+                     args: Sequence[str] = ()) -> str:
+        """CreateContainer + StartContainer in the pod; returns the container id."""
+        log_path = f"{name}/0.log" if pod.config.log_directory else ""
+        config = pb.ContainerConfig(metadata=pb.ContainerMetadata(name=name, attempt=0),
+                                    image=pb.ImageSpec(image=image), command=list(command),
+                                    args=list(args), log_path=log_path,
+                                    labels={"io.kubernetes.container.name": name})
+        r = self.runtime.CreateContainer(
+            pb.CreateContainerRequest(pod_sandbox_id=pod.id, config=config,
+                                      sandbox_config=pod.config), timeout=self.timeout)
+        self.runtime.StartContainer(pb.StartContainerRequest(container_id=r.container_id),
+                                    timeout=self.timeout)
+        pod.containers.append(r.container_id)
+        return r.container_id
+
+    def container_state(self, container_id: str) -> tuple[str, int, str]:
+        """(state name, exit code, reason) of a container."""
+        s = self.runtime.ContainerStatus(pb.ContainerStatusRequest(container_id=container_id),
+                                         timeout=self.timeout).status
+        return pb.ContainerState.Name(s.state), s.exit_code, s.reason
+
+
+# ---- CLI --------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m integration.cri.client",
+                                     description="kubelet's pod calls to a CRI socket")
+    parser.add_argument("--socket", required=True, help="the runtime's gRPC unix socket")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("version")
+    run = sub.add_parser("run", help="RunPodSandbox (+ a container); prints id, ip as JSON")
+    run.add_argument("name")
+    run.add_argument("--port", action="append", default=[], metavar="HOST:CONTAINER[/PROTO]")
+    run.add_argument("--annotation", action="append", default=[], metavar="KEY=VALUE")
+    run.add_argument("--log-dir", default="")
+    run.add_argument("--image", help="also CreateContainer + StartContainer with this image, "
+                     "running the command after `--`")
+    ip = sub.add_parser("ip", help="PodSandboxStatus: the pod's IPs")
+    ip.add_argument("pod")
+    rm = sub.add_parser("rm", help="StopPodSandbox + RemovePodSandbox")
+    rm.add_argument("pod")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # argparse mishandles `--` after a subcommand's options: split the container command off
+    command = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+
+    with CRIClient(args.socket) as client:
+        if args.cmd == "version":
+            out: Any = client.version()
+        elif args.cmd == "run":
+            ports = []
+            for spec in args.port:
+                pair, _, proto = spec.partition("/")
+                host, _, ctr = pair.partition(":")
+                ports.append(PortMap(int(host), int(ctr or host), proto or "tcp"))
+            annotations = dict(a.split("=", 1) for a in args.annotation)
+            pod = client.run_pod(args.name, port_mappings=ports, annotations=annotations,
+                                 log_directory=args.log_dir)
+            if args.image:
+                client.create_start(pod, args.name, args.image, command)
+            addr, more = client.pod_ip(pod.id)
+            out = {"pod": pod.id, "containers": pod.containers, "ip": addr,
+                   "additional_ips": more}
+        elif args.cmd == "ip":
+            addr, more = client.pod_ip(args.pod)
+            out = {"ip": addr, "additional_ips": more}
+        else:
+            client.stop_remove(args.pod)
+            out = {"removed": args.pod}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
