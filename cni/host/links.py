@@ -9,13 +9,6 @@ from cni.host import netns
 IFF_UP = 0x1
 
 
-def _addresses(ipr, index: int) -> list[str]:
-    msgs = list(ipr.get_addr(index=index))  # one dump for both families, not one per family
-    return [f"{msg.get('IFA_ADDRESS')}/{msg['prefixlen']}"
-            for family in (2, 10)  # AF_INET, AF_INET6: v4 first, as the reference lists them
-            for msg in msgs if msg["family"] == family]
-
-
 def set_loopback(target: int | str, up: bool) -> list[str]:
     """Set lo up or down in the namespace; returns lo's addresses (after the change)."""
     from cni.host.rtnl import Rtnl  # not pyroute2: loopback runs in every pod (see rtnl.py)
