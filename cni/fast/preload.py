@@ -104,8 +104,11 @@ def _modules_of(packages: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def warm_up() -> None:
-    """Touch what every request touches: skel, and a netlink socket (read-only, own netns)."""
+def warm_up(netlink: bool = True) -> None:
+    """Touch what every request touches: skel and the plugin modules; with `netlink`, a
+    netlink socket too (read-only, own netns). The parent does it all once before it forks;
+    a spare skips the netlink reads: they cost each request ~5 ms of CPU (its spare's) while
+    requests now read links with host/rtnl.py, so it only builds and drops one socket."""
     from cni import skel
     from cni.host import netns
     from cni.registry import PLUGINS
@@ -114,8 +117,9 @@ def warm_up() -> None:
         skel.run(plugin, {"CNI_COMMAND": "VERSION"}, b'{"cniVersion":"1.0.0"}')
     try:
         with netns.iproute() as ipr:
-            index = ipr.link_lookup(ifname="lo")
-            ipr.get_links(*index)
-            list(ipr.get_addr(index=index[0]))
+            if netlink:
+                index = ipr.link_lookup(ifname="lo")
+                ipr.get_links(*index)
+                list(ipr.get_addr(index=index[0]))
     except Exception as e:  # warming is an optimisation only
         log.debug("warm-up: %s", e)
