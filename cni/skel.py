@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cni import __version__, deleted, registry
+from cni.host.errors import HostError, NamespaceError
 from cni.spec import keys, names
 from cni.spec import version as versions
 from cni.spec.errors import CNIError, Code, invalid_config
@@ -126,6 +127,10 @@ def run(plugin: str, env: Mapping[str, str], stdin: bytes, netns: int | None = N
         return Reply(out.encode(), err.getvalue().encode(), 0)
     except CNIError as e:
         return Reply(e.to_json(version).encode(), err.getvalue().encode(), 1)
+    except HostError as e:  # the kernel layer's own: its message as it is
+        code = Code.INVALID_ENV if isinstance(e, NamespaceError) else Code.INTERNAL
+        return Reply(CNIError(code, str(e)).to_json(version).encode(),
+                     err.getvalue().encode(), 1)
     except Exception as e:  # never a traceback on stdout: code 999 with what went wrong
         import traceback
         err.write(traceback.format_exc())

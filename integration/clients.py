@@ -264,18 +264,17 @@ PAUSE_IMAGE = "localhost/pycni-pause:test"  # CRI's sandbox_image: busybox sleep
 PAUSE_CMD = ("/bin/sleep", "2147483647")
 
 
-def cri_conflist(reference: bool = False) -> dict[str, Any]:
-    """The pod chain a CRI node runs: conf/10-pycni.conflist at 1.0.0 (containerd 1.6's libcni
-    knows no later), without loopback (CRI adds its own) and without ipam's default route:
-    isDefaultGateway adds that already, and the reference bridge fails ADD on the duplicate
-    ("failed to add route ... file exists"). For the reference, without `backend`: theirs is
-    iptables."""
-    conf = json.loads((ROOT / "conf" / "10-pycni.conflist").read_text())
+def cri_conflist(reference: bool = False, name: str = "10-pycni.conflist") -> dict[str, Any]:
+    """The pod chain a CRI node runs: conf/NAME at 1.0.0 (containerd 1.6's libcni knows no
+    later), without loopback (CRI adds its own). The shipped conflists list no default routes in
+    ipam: isDefaultGateway adds them, and the reference bridge fails ADD on a duplicate ("failed
+    to add route ... file exists"). For the reference, without `backend`: theirs is iptables."""
+    conf = json.loads((ROOT / "conf" / name).read_text())
     conf["cniVersion"] = "1.0.0"
     conf["plugins"] = [p for p in conf["plugins"] if p["type"] != "loopback"]
     bridge = conf["plugins"][0]
     assert bridge["type"] == "bridge" and bridge["isDefaultGateway"], bridge
-    bridge["ipam"].pop("routes", None)
+    assert "routes" not in bridge["ipam"], bridge  # a drop-in for the reference: see above
     if reference:
         for p in conf["plugins"]:
             p.pop("backend", None)
@@ -349,13 +348,12 @@ def cgroup_parent() -> Iterator[str]:
     try:
         yield f"/{name}"
     finally:
-        for top in Path("/sys/fs/cgroup").iterdir():
-            d = top / name
+        base = Path("/sys/fs/cgroup")  # v2: base/name; v1 and hybrid: base/<hierarchy>/name
+        for d in [base / name] + [top / name for top in base.iterdir() if top.is_dir()]:
             if d.is_dir():
                 for sub, _, _ in sorted(os.walk(d), key=lambda w: -len(w[0])):
                     with contextlib.suppress(OSError):
                         os.rmdir(sub)
-
 
 
 class PycniDaemon:

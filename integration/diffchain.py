@@ -101,11 +101,13 @@ def normalize(result: Any, side: Side) -> Any:
 
 
 def pod_state(ns: Netns) -> dict[str, Any]:
-    """Links (name, state, mtu), global addresses and main-table routes of a pod netns."""
+    """Links (name, state, mtu, txqueuelen), global addresses (with brd) and main-table routes
+    of a pod netns."""
     links = {link["ifname"]: {"up": "UP" in link.get("flags", []), "mtu": link.get("mtu"),
-                              "kind": link.get("linkinfo", {}).get("info_kind")}
+                              "kind": link.get("linkinfo", {}).get("info_kind"),
+                              "txqlen": link.get("txqlen", 0)}
              for link in ns.ip("-d", "link", "show")}
-    addrs = sorted(f"{link['ifname']} {a['local']}/{a['prefixlen']}"
+    addrs = sorted(f"{link['ifname']} {a['local']}/{a['prefixlen']} brd {a.get('broadcast')}"
                    for link in ns.ip("addr", "show") for a in link.get("addr_info", [])
                    if a.get("scope") in ("global", "host"))
     routes = []
@@ -122,6 +124,14 @@ def store_files(data_dir: Path, network: str) -> dict[str, str]:
     d = data_dir / network
     return {p.name: p.read_text() for p in sorted(d.iterdir())
             if p.name != "lock"} if d.is_dir() else {}
+
+
+def node_links(host: Netns, bridge: str) -> dict[str, Any]:
+    """The bridge's operstate and the host veths' txqueuelen (names and MACs are random)."""
+    links = host.ip("-d", "link", "show")
+    return {"bridge": next(link["operstate"] for link in links if link["ifname"] == bridge),
+            "veth txqlen": sorted(link.get("txqlen", 0) for link in links
+                                  if link.get("linkinfo", {}).get("info_kind") == "veth")}
 
 
 def host_veths(host: Netns) -> list[dict]:

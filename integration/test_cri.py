@@ -1,6 +1,7 @@
 """A pod the way kubelet makes one: CRI calls to containerd 1.6's CRI plugin, which runs the CNI
 chain through go-cni/libcni. Once with pycni (`pycni install`, its daemon on), once with the
-reference plugins (/usr/lib/cni, iptables backends) as the oracle: the same assertions on both.
+reference plugins (/usr/lib/cni, iptables backends) as the oracle: the same assertions on both,
+for conf/'s IPv4 and dual-stack conflists.
 
 containerd sends capability args with Go-cased keys (go-cni's structs have no JSON tags):
 portMappings `[{"HostPort":8080,"ContainerPort":80,"Protocol":"tcp","HostIP":""}]` and
@@ -40,7 +41,8 @@ from cnitest import REFERENCE_BIN, Netns
 
 pytestmark = pytest.mark.root
 HTTPD = "localhost/pycni-busybox:test"  # conftest's oci_image
-NODE_ADDR = "192.0.2.30"  # the node's own address (on its lo); hostPort traffic goes to it
+NODE_ADDR = "192.0.2.30"  # the node's own addresses (on its lo); hostPort traffic goes to them
+NODE_ADDR6 = "2001:db8::30"
 HOST_PORT = 8080
 RATE = 1_000_000  # "1M" in the annotations: bit/s
 BODY = "hello from pycni\n"  # busybox_rootfs's /www/index.html
@@ -97,13 +99,16 @@ def rules_naming(node: Node, *words: str) -> list[str]:
 POD_CHAIN = re.compile(r"\bCNI-(DN-)?[0-9a-f]{24}\b")
 
 
+@pytest.mark.parametrize("conflist", ["10-pycni.conflist", "20-pycni-dualstack.conflist"],
+                         ids=["v4", "dualstack"])
 @pytest.mark.parametrize("side", ["pycni", "reference"])
-def test_kubelet_pod_through_containerd_cri(side, node_netns, oci_image, pause_image,
+def test_kubelet_pod_through_containerd_cri(side, conflist, node_netns, oci_image, pause_image,
                                             tmp_path) -> None:
     need("containerd", "ctr", "runc", "nsenter", "unshare", "curl", "tc", "iptables-save")
     from cri.client import CRIClient, PortMap
 
-    conf = cri_conflist(reference=side == "reference")
+    conf = cri_conflist(reference=side == "reference", name=conflist)
+    bridge = conf["plugins"][0]["bridge"]
     if side == "pycni":
         bin_dir, conf_dir = install(tmp_path / "cni", conf)
     else:
@@ -111,9 +116,10 @@ def test_kubelet_pod_through_containerd_cri(side, node_netns, oci_image, pause_i
             pytest.skip("reference plugins not installed (containernetworking-plugins)")
         bin_dir, conf_dir = REFERENCE_BIN, tmp_path / "net.d"
         conf_dir.mkdir()
-        (conf_dir / "10-pycni.conflist").write_text(json.dumps(conf))
-    subnet = ipaddress.ip_network(conf["plugins"][0]["ipam"]["ranges"][0][0]["subnet"])
+        (conf_dir / conflist).write_text(json.dumps(conf))
+    subnets = [ipaddress.ip_network(r[0]["subnet"]) for r in conf["plugins"][0]["ipam"]["ranges"]]
     node_netns.run("ip", "addr", "add", f"{NODE_ADDR}/32", "dev", "lo")
+    node_netns.run("ip", "addr", "add", f"{NODE_ADDR6}/128", "dev", "lo", "nodad")
     state = tmp_path / "var-lib-cni"  # the node's /var/lib/cni
     node = Node(node_netns.name, bin_dir=bin_dir, conf_dir=conf_dir, state_dir=state)
     with cleanup(node.stop), cgroup_parent() as cgroup:
@@ -139,14 +145,17 @@ def test_kubelet_pod_through_containerd_cri(side, node_netns, oci_image, pause_i
                 cri.create_start(pod, "httpd", HTTPD, ["/bin/httpd", "-f", "-p", "80",
                                                        "-h", "/www"])
                 ip, more = cri.pod_ip(pod.id)
-                assert ipaddress.ip_address(ip) in subnet, (ip, more)
-                assert more == []
+                ips = [ip, *more]  # one per range, in the conflist's order (v4 first)
+                assert [ipaddress.ip_address(a) in net for a, net in zip(ips, subnets,
+                                                                         strict=True)] == \
+                    [True] * len(subnets), (ips, subnets)
                 # the client's CLI (the VM scenario's scripts use it) says the same
-                assert cli(ctrd.sock, "ip", pod.id) == {"ip": ip, "additional_ips": []}
+                assert cli(ctrd.sock, "ip", pod.id) == {"ip": ip, "additional_ips": more}
 
-                # host-local's reservation, in the node's /var/lib/cni
-                reservation = state / "networks" / conf["name"] / ip
-                assert reservation.read_bytes() == f"{pod.id}\r\neth0".encode()
+                # host-local's reservations, in the node's /var/lib/cni
+                for addr in ips:
+                    reservation = state / "networks" / conf["name"] / addr
+                    assert reservation.read_bytes() == f"{pod.id}\r\neth0".encode()
 
                 # libcni's result cache, with what containerd sent as capability args
                 cache = state / "results" / f"{conf['name']}-{pod.id}-eth0"
@@ -157,10 +166,10 @@ def test_kubelet_pod_through_containerd_cri(side, node_netns, oci_image, pause_i
                                                  "Protocol": "tcp", "HostIP": ""}], caps
                 assert caps["bandwidth"]["IngressRate"] == RATE, caps
                 assert caps["bandwidth"]["EgressRate"] == RATE, caps
-                assert ip in json.dumps(entry["result"]["ips"])
+                assert all(a in json.dumps(entry["result"]["ips"]) for a in ips)
 
-                # the hostPort: via the node's address and via 127.0.0.1, from the node
-                for addr in (NODE_ADDR, "127.0.0.1"):
+                # the hostPort: via the node's address(es) and via 127.0.0.1, from the node
+                for addr in (NODE_ADDR, "127.0.0.1", *([f"[{NODE_ADDR6}]"] if more else [])):
                     body = wait_for(f"{addr}:{HOST_PORT} to answer",
                                     lambda addr=addr: http_get(node, addr, HOST_PORT),
                                     timeout=30, interval=0.5)
@@ -169,12 +178,15 @@ def test_kubelet_pod_through_containerd_cri(side, node_netns, oci_image, pause_i
                 # shaping: tbf at 1 Mbit/s (125000 B/s) on the host veth (traffic to the pod)
                 # and on the ifb the veth's ingress is redirected to (traffic from the pod)
                 veths = links_of_kind(node_netns, "veth")
-                assert [v.get("master") for v in veths] == ["cni0"], veths
+                assert [v.get("master") for v in veths] == [bridge], veths
                 assert tbf_rates(node_netns, veths[0]["ifname"]) == [RATE // 8]
                 ifbs = [i for i in links_of_kind(node_netns, "ifb")
                         if i["ifname"].startswith("bwp")]
                 assert len(ifbs) == 1, ifbs
                 assert tbf_rates(node_netns, ifbs[0]["ifname"]) == [RATE // 8]
+                redirect = node_netns.run("tc", "filter", "show", "dev", veths[0]["ifname"],
+                                          "ingress").stdout
+                assert f"Egress Redirect to device {ifbs[0]['ifname']}" in redirect, redirect
                 if side == "pycni":
                     # containerd knows no burst and sends 4294967295 bits; the reference
                     # makes that a ~21 MB bucket (line rate for many seconds, #609), pycni a
@@ -182,7 +194,7 @@ def test_kubelet_pod_through_containerd_cri(side, node_netns, oci_image, pause_i
                     for dev in (veths[0]["ifname"], ifbs[0]["ifname"]):
                         assert [q["burst"] <= 64 * 1024 for q in tbfs(node_netns, dev)] == \
                             [True], tbfs(node_netns, dev)
-                assert rules_naming(node, ip)  # the DNAT to the pod exists somewhere
+                assert all(rules_naming(node, a) for a in ips)  # the DNATs to the pod
                 if side == "reference":  # what the leak check looks for after removal
                     assert any(POD_CHAIN.search(line) for line in firewall(node))
                 if daemon:  # the plugins containerd exec'd went through the daemon
@@ -196,7 +208,10 @@ def test_kubelet_pod_through_containerd_cri(side, node_netns, oci_image, pause_i
             assert [i["ifname"] for i in links_of_kind(node_netns, "ifb")
                     if i["ifname"].startswith("bwp")] == []
             assert not cache.exists()
-            assert rules_naming(node, pod.id, ip) == []
+            assert [q for q in json.loads(node_netns.run("tc", "-j", "qdisc", "show").stdout)
+                    if q["kind"] in ("tbf", "ingress")] == []
+            assert rules_naming(node, pod.id, *ips) == []
             assert [line for line in firewall(node) if POD_CHAIN.search(line)] == []
             assert http_get(node, NODE_ADDR, HOST_PORT) == ""
+            assert http_get(node, f"[{NODE_ADDR6}]", HOST_PORT) == ""
             assert not ctrd.netns_dir.exists() or list(ctrd.netns_dir.iterdir()) == []

@@ -5,6 +5,7 @@ type. (No root needed; skipped where the upstream copy is not beside the checkou
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,19 @@ def test_the_parser_sees_upstreams_numbers() -> None:
         "RunPodSandboxRequest -> RunPodSandboxResponse"
     assert theirs["service RuntimeService"]["GetContainerEvents"] == \
         "GetEventsRequest -> stream ContainerEventResponse"
+
+
+def test_the_generated_stubs_call_upstreams_method_paths() -> None:
+    """gRPC routes by "/runtime.v1.RuntimeService/RunPodSandbox": package and service names
+    must be upstream's too, and the stubs must build from the proto (grpcio-tools)."""
+    pytest.importorskip("grpc_tools")
+    sys.path.insert(0, str(ROOT / "integration"))
+    from cri import stubs
+
+    pb, _ = stubs.load()
+    service = pb.DESCRIPTOR.services_by_name["RuntimeService"]
+    assert service.full_name == "runtime.v1.RuntimeService"
+    assert service.methods_by_name["RunPodSandbox"].input_type.full_name == \
+        "runtime.v1.RunPodSandboxRequest"
+    config = pb.PodSandboxConfig(port_mappings=[pb.PortMapping(host_port=8080)])
+    assert config.SerializeToString() == b"\x2a\x03\x18\x90\x3f"  # field 5 { field 3: 8080 }

@@ -3,10 +3,34 @@ oracle: the same conflist, pod by pod, through theirs and through ours (as `pycn
 them), each in its own throwaway node netns. Same result JSON modulo random veth names, MACs and
 netns paths; same pod addresses and routes; same store files; same reachability.
 
-Where we differ on purpose, the test says so:
-- masquerade and hostPorts use nftables, the reference iptables: we compare traffic, not rules;
-- DEL with an empty CNI_NETNS (what containerd's ctr does) leaks the reference's masquerade rule
-  (containernetworking/plugins#810); ours leaves nothing;
+Differences from the reference (v1.9, issue 17), each FIXED (now as the reference) or
+DELIBERATE (and why). Swapping binaries under live pods is tested in tests/test_swap.py, the v1.9
+nftables naming with literal strings in tests/test_parity.py.
+- FIXED masquerade comment: SHA-512 hashes, `<h(net)>-<h(if:cid)>, net: N, if: I, id: C`, cut
+  at 128 (was SHA-256); SHA-256 rules of earlier pycni are still removed by DEL and GC.
+- FIXED portmap rule comment: the bare container ID (was "<cid> <net> <ifname>", still removed).
+- FIXED macspoofchk names: `cni-br-iface-<cid>-<ifname>[-mac]`, `macspoofchk-<cid>-<ifname>`
+  (was a hash; old chains still removed).
+- FIXED GC without cni.dev/valid-attachments (cnitool gc) succeeds in every plugin (host-local
+  refused it with 7); it removes nothing.
+- FIXED IPv4 addresses on the pod and the bridge carry the subnet broadcast.
+- FIXED keep_addr_on_down=1 on a pod interface with an IPv6 address.
+- FIXED routes are appended (NLM_F_APPEND): a second network's default route no longer fails.
+- FIXED a portmap hostIP of a family the pod lacks is skipped (was error 7).
+- FIXED portmap conditions: any match nftables accepts (`meta pkttype host`); statements are
+  still refused (DELIBERATE: the reference pastes any text into its rules).
+- FIXED the bridge is operstate UP (its MAC is pinned after the first port joins, not before);
+  veths have txqueuelen 0.
+- FIXED preserveDefaultVlan defaults to false; vlan and vlanTrunk together are accepted.
+- DELIBERATE masquerade and hostPorts use nftables only; the 1.1.1 oracle uses iptables, so here
+  we compare traffic, not rules.
+- DELIBERATE portmap keeps a record chain per attachment (`pycni-att-...`) so GC works per
+  network; the reference's DEL leaves it, our next GC removes it.
+- DELIBERATE GC of spoof checks goes by a missing host veth (their names carry no network); the
+  masquerade GC keeps rules by hash prefix (a superset of the reference's whole-comment match).
+- DELIBERATE DEL with an empty CNI_NETNS (what containerd's ctr does) leaks the reference's
+  masquerade rule (containernetworking/plugins#810); ours leaves nothing.
+- DELIBERATE the IPv6 gateway on the bridge skips DAD; ADD waits until the port forwards.
 - the reference 1.1.1 speaks spec <= 1.0.0, so the conflists here do too.
 """
 
@@ -21,7 +45,7 @@ from typing import Any
 import pytest
 from clients import install, need, wait_for
 from cnitest import REFERENCE_BIN, Netns, Plugins, delete_netns, new_netns
-from diffchain import Side, host_veths, normalize, pod_state, store_files, tbf
+from diffchain import Side, host_veths, node_links, normalize, pod_state, store_files, tbf
 
 pytestmark = pytest.mark.root
 NODE_ADDR = "192.0.2.20"  # the node's own address (on its lo), for hostPort traffic
@@ -139,6 +163,10 @@ def test_bridge_host_local(sides, subnets, version) -> None:
     # Same store files (names are the IPs; content "<id>\r\n<ifname>") on both sides.
     assert store_files(sides["ours"].data_dir, "br-diff") == \
         store_files(sides["ref"].data_dir, "br-diff")
+    # Bridge UP, veths without a tx queue, on both nodes (addresses' brd: pod_state above).
+    assert node_links(sides["ours"].plugins.host, "cni-diff0") == \
+        node_links(sides["ref"].plugins.host, "cni-diff0") == {"bridge": "UP",
+                                                              "veth txqlen": [0, 0]}
     # The bridge carries the gateway addresses on both nodes.
     gateways = [str(ipaddress.ip_network(s)[1]) for s in subnets]
     expected = sorted(f"{gw}/{ipaddress.ip_network(s).prefixlen}"

@@ -51,7 +51,7 @@ def test_our_host_local_is_recognised_and_go_is_not(tmp_path):
 def test_in_process_runs_without_exec(tmp_path, monkeypatch):
     def no_exec(*a, **kw):
         raise AssertionError("exec'd although in-process was possible")
-    monkeypatch.setattr(delegate.subprocess, "run", no_exec)
+    monkeypatch.setattr(delegate.invoke.subprocess, "run", no_exec)
     config = bridge_conf(tmp_path)
     result = delegate.add(request(config, OURS_PATH), "host-local")
     assert [ip["address"] for ip in result["ips"]] == ["10.110.0.2/24", "fd00::2/64"]
@@ -121,7 +121,9 @@ def test_exec_non_json_error_is_quoted(tmp_path):
     fake.chmod(0o755)
     with pytest.raises(CNIError) as e:
         delegate.add(request({"cniVersion": "1.0.0", "name": "n"}, [str(tmp_path)]), "fake-ipam")
-    assert e.value.code == 999 and '"something broke"' in e.value.msg
+    # libcni's exec code, which the reference's pkg/ipam uses too: code 0, stderr quoted
+    assert e.value.code == 0 and e.value.msg == 'netplugin failed: "something broke\\n"'
+
 
 
 def test_exec_json_error_and_env(tmp_path):

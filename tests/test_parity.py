@@ -176,3 +176,50 @@ def test_masquerade_and_spoof_check_rules_read_as_the_references(plugins, host, 
     assert 'jump cni-br-iface-ctr1-eth0-mac comment "macspoofchk-ctr1-eth0"' in text
     assert 'drop comment "macspoofchk-ctr1-eth0"' in text
     assert "type filter hook prerouting priority dstnat; policy accept;" in text  # -300
+
+
+@pytest.mark.root
+def test_a_masquerade_rule_the_reference_wrote_is_kept_by_gc_and_removed_by_del(
+        plugins, host, tmp_path) -> None:
+    """The v1.9 reference's own rule for testnet/eth0/ctr1 (its exact text), as left by a swap."""
+    c = conf(tmp_path, version="1.1.0", ipMasq=True)
+    host.run("nft", "add table inet cni_plugins_masquerade; "
+             "add chain inet cni_plugins_masquerade masq_checks; "
+             "add rule inet cni_plugins_masquerade masq_checks ip saddr 10.22.0.9 ip daddr != "
+             f'10.22.0.0/24 masquerade comment "{INSTANCE}, net: testnet, if: eth0, id: ctr1"')
+    plugins.ok("bridge", "GC", c | {"cni.dev/valid-attachments": [
+        {"containerID": CID, "ifname": IF}]}, container_id="", ifname="", path=ipam_path())
+    assert len(masq_rules(host)) == 1
+    plugins.ok("bridge", "DEL", c, container_id=CID, netns="", path=ipam_path())
+    assert masq_rules(host) == []
+
+
+@pytest.mark.root
+def test_spoof_check_names_nft_cannot_carry_are_error_4_and_change_nothing(plugins, host, pod,
+                                                                          tmp_path) -> None:
+    code, out, _ = plugins.exec("bridge", "ADD", conf(tmp_path, macspoofchk=True),
+                                netns=pod.path, path=ipam_path(), ifname="e#th0")
+    assert code == 1 and out["code"] == 4 and "'e#th0'" in out["msg"], out
+    assert "cni0" not in host.links() and "e#th0" not in pod.links()
+    assert spoof_chains(host) == []
+
+
+@pytest.mark.parametrize("plugin", ["loopback", "host-local", "bridge", "portmap", "bandwidth"])
+def test_gc_without_valid_attachments_succeeds_in_every_plugin(plugin, tmp_path) -> None:
+    """libcni's GC without args sends no list: each plugin succeeds, removes nothing, says so."""
+    from cnitest import BIN
+
+    ipam = {"type": "host-local", "subnet": "10.22.0.0/24", "dataDir": str(tmp_path)}
+    body = {"cniVersion": "1.1.0", "name": NET, "type": plugin, "ipam": ipam}
+    if plugin == "host-local":
+        body = body | ipam | {"type": "host-local"}
+        (tmp_path / NET).mkdir()
+        (tmp_path / NET / "10.22.0.2").write_bytes(b"live\r\neth0")
+    reply = skel.run(plugin, {"CNI_COMMAND": "GC", "CNI_PATH": str(BIN)},
+                     json.dumps(body).encode())
+    assert (reply.code, reply.stdout) == (0, b""), reply
+    assert b"GC without cni.dev/valid-attachments" in reply.stderr
+    if plugin in ("host-local", "bridge"):
+        assert b"no reservation released" in reply.stderr
+    if plugin == "host-local":
+        assert (tmp_path / NET / "10.22.0.2").read_bytes() == b"live\r\neth0"

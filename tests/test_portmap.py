@@ -317,6 +317,47 @@ def test_gc_removes_rules_of_attachments_not_valid(plugins, node, host) -> None:
     assert rules_with(host, "ctr-ref") == []
 
 
+def test_a_record_left_by_the_references_del_goes_at_the_next_gc(plugins, node, host) -> None:
+    """The reference's DEL removes the rules whose comment is the container ID (ours too), not
+    our record chain: a GC of any network removes the orphan."""
+    pod_a, pod_b = pods(node)
+    add(plugins, node, pod_a, [mapping("tcp")], cid="ctr-a")
+    add(plugins, node, pod_b, [mapping("tcp", host_port=8081)], cid="ctr-b")
+    for r in rules_with(host, "ctr-a"):  # what the reference's unforwardPorts deletes
+        host.run("nft", "delete", "rule", r["family"], "cni_hostport", r["chain"], "handle",
+                 str(r["handle"]))
+    assert len(records(host)) == 4
+    plugins.ok("portmap", "GC", {"cniVersion": "1.1.0", "name": "elsewhere", "type": "portmap",
+                                 "cni.dev/valid-attachments": []})
+    assert {c for _, c, _ in records(host)} == {hostport.record_chain("ctr-b", "pmnet",
+                                                                      "eth0")}
+    assert rules_with(host, "ctr-b")
+
+
+REFERENCE_V19 = [  # what the reference's forwardPorts (knftables) writes for ctr-a / pod a
+    'add rule ip cni_hostport hostports tcp dport 8080 dnat to 10.88.0.2:80 comment "ctr-a"',
+    "add rule ip cni_hostport masquerading ip saddr 10.88.0.2 ip daddr 10.88.0.2 masquerade "
+    'comment "ctr-a"',
+    "add rule ip cni_hostport masquerading ip saddr 127.0.0.1 ip daddr 10.88.0.2 masquerade "
+    'comment "ctr-a"',
+    'add rule ip6 cni_hostport hostports tcp dport 8080 dnat to [fd88::2]:80 comment "ctr-a"',
+    "add rule ip6 cni_hostport masquerading ip6 saddr fd88::2 ip6 daddr fd88::2 masquerade "
+    'comment "ctr-a"',
+]
+
+
+def test_rules_the_reference_wrote_pass_our_check_and_go_with_our_del(plugins, node,
+                                                                      host) -> None:
+    pod_a, pod_b = pods(node)
+    add(plugins, node, pod_b, [mapping("tcp", host_port=8081)], cid="ctr-b")  # the tables
+    for line in REFERENCE_V19:
+        host.run("nft", line)
+    conf = portmap_conf(node.prev_result(pod_a), [mapping("tcp")])
+    plugins.ok("portmap", "CHECK", conf, container_id="ctr-a", netns=pod_a.path)
+    delete(plugins, node, pod_a, cid="ctr-a")
+    assert rules_with(host, "ctr-a") == [] and rules_with(host, "ctr-b")
+
+
 LEGACY = [  # what pycni wrote before the v1.9 layout: comment "<cid> <network> <ifname>"
     "add rule ip cni_hostport hostports tcp dport 8080 dnat to 10.88.0.2:80 "
     'comment "ctr-a pmnet eth0"',

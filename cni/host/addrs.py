@@ -6,11 +6,13 @@ Functions here act on the *current* namespace: wrap them in netns.entered() for 
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import socket
 import time
 
 from cni.host import links, netns, routes, sysctl
-from cni.spec.errors import CNIError, Code
+from cni.host.errors import HostError
 
 IFA_F_NODAD = 0x02
 IFA_F_DADFAILED = 0x08
@@ -18,8 +20,8 @@ IFA_F_TENTATIVE = 0x40
 SETTLE_SECONDS = 10
 
 
-def _err(msg: str) -> CNIError:
-    return CNIError(Code.INTERNAL, msg)
+def _err(msg: str) -> HostError:
+    return HostError(msg)
 
 
 def set_dad(ifname: str, enabled: bool) -> None:
@@ -112,7 +114,7 @@ def settle(ipr, index: int, ifname: str, timeout: float = SETTLE_SECONDS) -> Non
     deadline = time.monotonic() + timeout
     while True:
         tentative = False
-        for msg in ipr.get_addr(family=10, index=index):
+        for msg in ipr.get_addr(family=socket.AF_INET6, index=index):
             flags = msg.get("IFA_FLAGS") or msg["flags"]
             if flags & IFA_F_DADFAILED:
                 raise _err(f"link {ifname} has address {msg.get('IFA_ADDRESS')} in DADFAILED "
@@ -134,7 +136,7 @@ def ensure_gateway(ifname: str, cidr: str, force: bool) -> None:
     from pyroute2.netlink.exceptions import NetlinkError
 
     want = ipaddress.ip_interface(cidr)
-    family = 2 if want.version == 4 else 10
+    family = socket.AF_INET if want.version == 4 else socket.AF_INET6
     with netns.iproute() as ipr:
         link = links.get(ipr, ifname)
         if link is None:
@@ -156,13 +158,13 @@ def ensure_gateway(ifname: str, cidr: str, force: bool) -> None:
             ipr.addr("add", index=link.index, address=str(want.ip),
                      prefixlen=want.network.prefixlen, **flags)
         except NetlinkError as e:
-            if e.code != 17:
+            if e.code != errno.EEXIST:
                 raise _err(f'could not add IP address to "{ifname}": {e}') from None
 
 
 def has(ipr, index: int, cidr: str) -> bool:
     want = ipaddress.ip_interface(cidr)
-    family = 2 if want.version == 4 else 10
+    family = socket.AF_INET if want.version == 4 else socket.AF_INET6
     return any(ipaddress.ip_interface(f"{m.get('IFA_ADDRESS')}/{m['prefixlen']}") == want
                for m in ipr.get_addr(family=family, index=index))
 

@@ -5,20 +5,20 @@ Error messages follow the reference plugin's wording, so logs read the same afte
 
 from __future__ import annotations
 
+import errno
 import time
 
 from cni.host import links, sysctl, veth
-from cni.spec.errors import CNIError, Code
+from cni.host.errors import HostError
 
-EOPNOTSUPP = 95
 VLAN_PVID = 0x2
 VLAN_UNTAGGED = 0x4
 BR_STATE_FORWARDING = 3
 HOST_NS = "/proc/thread-self/ns/net"  # both ends of a VLAN gateway veth stay here
 
 
-def _err(msg: str) -> CNIError:
-    return CNIError(Code.INTERNAL, msg)
+def _err(msg: str) -> HostError:
+    return HostError(msg)
 
 
 def ensure(name: str, mtu: int = 0, promisc: bool = False,
@@ -39,10 +39,10 @@ def ensure(name: str, mtu: int = 0, promisc: bool = False,
         try:
             ipr.link("add", **attrs)
         except NetlinkError as e:
-            if e.code == EOPNOTSUPP and vlan_filtering:
+            if e.code == errno.EOPNOTSUPP and vlan_filtering:
                 raise _err(f"failed to create bridge {name!r}: could not add {name!r}: "
                            "vlan filtering is not supported by this kernel") from None
-            if e.code != links.EEXIST:
+            if e.code != errno.EEXIST:
                 raise _err(f"failed to create bridge {name!r}: could not add {name!r}: "
                            f"{e.args[1] if len(e.args) > 1 else e}") from None
         br = by_name(ipr, name)

@@ -83,7 +83,9 @@ class Rule:
 # masquerade rule's daddr); DEL of one attachment leaves the rules another attachment of the same
 # container records (another network with portmap). Records and rules change in one batch, so they
 # never disagree; rules with no record (the reference's own) are found by DEL and CHECK by their
-# comment, and are not GC'ed by network (the reference has no portmap GC at all).
+# comment, and are not GC'ed by network (the reference has no portmap GC at all). The reference's
+# DEL of one of our attachments removes its rules and leaves the record (a chain nothing jumps
+# to): our next GC of any network removes such orphan records.
 #
 # pycni releases before the v1.9 layout commented rules "<cid> <network> <ifname>" ("legacy"):
 # DEL, re-ADD and GC still find those by that comment.
@@ -145,10 +147,15 @@ def attachment_rules(listing: Listing, comment: str, chain: str) -> list[dict[st
 def stale_records(listing: Listing, network: str,
                   keep: set[str]) -> tuple[list[str], list[dict[str, Any]]]:
     """GC: the network's record chains not in `keep` and the rules they record (none that a
-    kept record of the same comment and IP also claims)."""
+    kept record of the same comment and IP also claims), plus any network's orphan records:
+    ones whose rules are all gone (the reference's DEL removes the rules, not our records;
+    rules and record are only ever written together, so an orphan is never half an ADD)."""
     records = listing.records()
     prefix = network_record_prefix(network)
-    stale = [c for c in records if c.startswith(prefix) and c not in keep]
+    claimed = {(r.get("comment"), container_ip(r)) for r in listing.rules
+               if r.get("chain") in OWNED_CHAINS}
+    stale = [c for c, (cmt, ip) in records.items()
+             if (c.startswith(prefix) and c not in keep) or (cmt, ip) not in claimed]
     live = {(cmt, ip) for c, (cmt, ip) in records.items() if c not in stale}
     rules = [r for c in stale if records[c][0] and records[c][1]
              for r in listing.owned(records[c][0])

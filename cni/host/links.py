@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 
 from cni.host import netns
@@ -29,8 +30,6 @@ def loopback_is_up(target: int | str) -> bool:
 # --- generic link helpers (bridge, veth) -------------------------------------------------------
 
 IFF_PROMISC = 0x100
-EEXIST = 17
-ENODEV = 19
 IFNAMSIZ = 16
 
 
@@ -88,7 +87,7 @@ def get(ipr, name: str) -> Link | None:
     try:
         msgs = ipr.link("get", ifname=name)
     except NetlinkError as e:
-        if e.code == ENODEV:
+        if e.code == errno.ENODEV:
             return None
         raise
     # The kernel also resolves alternative names; the dump matched IFLA_IFNAME only.
@@ -112,7 +111,7 @@ def by_index(ipr, index: int) -> Link | None:
     try:
         msgs = ipr.get_links(index)
     except NetlinkError as e:
-        if e.code == ENODEV:
+        if e.code == errno.ENODEV:
             return None
         raise
     return parse(msgs[0]) if msgs else None

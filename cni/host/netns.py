@@ -6,26 +6,24 @@ a child per socket and default to O_CREAT, which would create a namespace for a 
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from cni.host.errors import NamespaceError, NamespaceMissing
 from cni.host.nsfd import is_netns, setns
-from cni.spec.errors import CNIError, Code
 
 if TYPE_CHECKING:
     from pyroute2 import IPRoute
 
-# Set only inside shared_sockets(): namespace (st_dev, st_ino) -> the one IPRoute for it.
-_shared: dict[tuple[int, int], IPRoute] | None = None
-
-
-class NetnsMissing(CNIError):
-    """The path does not exist: code 4 naming CNI_NETNS (DEL treats it as success)."""
-
-    def __init__(self, target: int | str) -> None:
-        super().__init__(Code.INVALID_ENV, f"CNI_NETNS {target!r}: no such network namespace")
+# The request's sockets, set only inside shared_sockets(): namespace (st_dev, st_ino) -> the one
+# IPRoute for it. A context variable, so no state outlives the request or leaks across threads.
+_shared: ContextVar[dict[tuple[int, int], IPRoute] | None] = ContextVar("pycni_shared_sockets",
+                                                                        default=None)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def open_ns(target: int | str) -> int:
@@ -33,13 +31,12 @@ def open_ns(target: int | str) -> int:
     try:
         fd = os.dup(target) if isinstance(target, int) else os.open(target, os.O_RDONLY)
     except (FileNotFoundError, NotADirectoryError):
-        raise NetnsMissing(target) from None
+        raise NamespaceMissing(f"CNI_NETNS {target!r}: no such network namespace") from None
     except OSError as e:
-        raise CNIError(Code.INVALID_ENV,
-                       f"CNI_NETNS {target!r}: cannot open: {e.strerror or e}") from None
+        raise NamespaceError(f"CNI_NETNS {target!r}: cannot open: {e.strerror or e}") from None
     if not is_netns(fd):
         os.close(fd)
-        raise CNIError(Code.INVALID_ENV, f"CNI_NETNS {target!r} is not a network namespace")
+        raise NamespaceError(f"CNI_NETNS {target!r} is not a network namespace")
     return fd
 
 
@@ -96,13 +93,14 @@ def _ns_key(target: int | str | None) -> tuple[int, int]:
 def iproute(target: int | str | None = None) -> AbstractContextManager[IPRoute]:
     """An IPRoute whose netlink socket lives in `target` (None: the current namespace), for a
     `with` block. Inside shared_sockets() it is the request's one socket for that namespace."""
-    if _shared is None:
+    sockets = _shared.get()
+    if sockets is None:
         return _new_iproute(target)
     # Keyed by the namespace itself, not the path: None inside entered() is the container.
     key = _ns_key(target)
-    ipr = _shared.get(key)
+    ipr = sockets.get(key)
     if ipr is None:
-        ipr = _shared[key] = _new_iproute(target)
+        ipr = sockets[key] = _new_iproute(target)
     return _Borrowed(ipr)
 
 
@@ -113,17 +111,27 @@ def shared_sockets() -> Iterator[None]:
     pyroute2 0.9 builds a socket plus its own asyncio event loop per IPRoute; a bridge ADD
     used to open eleven. A cached socket also pins its namespace, so its inode is not reused.
     """
-    global _shared
-    if _shared is not None:  # nested: the outer block owns the sockets
+    if _shared.get() is not None:  # nested: the outer block owns the sockets
         yield
         return
-    _shared = {}
+    sockets: dict[tuple[int, int], IPRoute] = {}
+    token = _shared.set(sockets)
     try:
         yield
     finally:
-        sockets, _shared = _shared, None
+        _shared.reset(token)
         for ipr in sockets.values():
             try:
                 ipr.close()
             except Exception:
                 pass  # closing is best effort: the process ends soon anyway
+
+
+def one_socket_per_namespace(verb: F) -> F:
+    """A plugin verb whose every netns.iproute() shares one socket per namespace (see
+    shared_sockets), for the whole request."""
+    @functools.wraps(verb)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with shared_sockets():
+            return verb(*args, **kwargs)
+    return run  # type: ignore[return-value]

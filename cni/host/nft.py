@@ -11,6 +11,8 @@ import json
 import re
 from typing import Any
 
+from cni.host.errors import HostError
+
 _ctx = None
 _SAFE_COMMENT = re.compile(r"^[A-Za-z0-9 _.,:/@=+\-]*$")
 _IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
@@ -20,7 +22,7 @@ COMMENT_MAX = 128
 FAMILIES = ("ip", "ip6", "inet", "bridge", "arp", "netdev")
 
 
-class NftError(RuntimeError):
+class NftError(HostError):
     """nft refused a script or a read; the message is nft's own."""
 
 

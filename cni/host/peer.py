@@ -2,18 +2,20 @@
 
 Inside the container, the veth's IFLA_LINK is its peer's ifindex in the other namespace. We then
 look that index up in the host namespace and check the link there points back at the container's
-index, so an unrelated link that happens to share the index is never taken for the peer.
+index, so an unrelated link that happens to share the index is never taken for the peer. The one
+place that does this: bridge's CHECK and bandwidth use it alike.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cni.host import netns
+from cni.host import links, netns
+from cni.host.errors import HostError
 
 
-class PeerError(Exception):
-    """Why the host end could not be found (the plugin turns this into a CNI error)."""
+class PeerError(HostError):
+    """Why the container's veth or its host end could not be found."""
 
 
 @dataclass(frozen=True)
@@ -23,33 +25,31 @@ class HostVeth:
     mtu: int
 
 
-def _container_side(target: int | str, ifname: str) -> tuple[int, int]:
-    """(container ifindex, peer ifindex) of the veth named ifname in the container."""
-    from pyroute2 import NetlinkError
-
+def container_veth(target: int | str, ifname: str) -> links.Link:
+    """The veth named ifname in the container namespace `target`."""
     with netns.iproute(target) as ipr:
-        try:  # one RTM_GETLINK by name, read without pyroute2's decoder (nlsync)
-            link = ipr.link_fields(name=ifname)
-        except NetlinkError:
-            link = None  # what link_lookup made of any error
-        if link is None:
-            raise PeerError(f"container interface {ifname} not found")
-        if link["kind"] != "veth" or not link["peer_index"]:
-            raise PeerError(f"container interface {ifname} has no veth peer")
-        return link["index"], link["peer_index"]
+        link = links.get(ipr, ifname)
+    if link is None:
+        raise PeerError(f"container interface {ifname} not found")
+    if link.kind != "veth" or not link.peer_index:
+        raise PeerError(f"container interface {ifname} has no veth peer")
+    return link
+
+
+def host_end(container: links.Link) -> links.Link | None:
+    """The container veth's peer in the current namespace, if it is there and points back."""
+    with netns.iproute() as ipr:
+        link = links.by_index(ipr, container.peer_index)
+    if link is None or link.kind != "veth" or link.peer_index != container.index:
+        return None
+    return link
 
 
 def host_veth(target: int | str, ifname: str) -> HostVeth:
     """The host-side peer of `ifname` in the container namespace `target`."""
-    index, peer = _container_side(target, ifname)
-    from pyroute2 import NetlinkError
-
-    with netns.iproute() as ipr:
-        try:
-            link = ipr.link_fields(index=peer)
-        except NetlinkError:
-            link = None
-        if link is None or link["peer_index"] != index:
-            raise PeerError(f"veth peer with index {peer} of container interface {ifname} "
-                            "is not in the host namespace")
-        return HostVeth(link["name"], peer, link["mtu"])
+    container = container_veth(target, ifname)
+    link = host_end(container)
+    if link is None:
+        raise PeerError(f"veth peer with index {container.peer_index} of container interface "
+                        f"{ifname} is not in the host namespace")
+    return HostVeth(link.name, link.index, link.mtu)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import socket
 
-from cni.spec.errors import CNIError, Code
+from cni.host.errors import HostError
 
-AF_INET, AF_INET6 = 2, 10
 RTPROT_BOOT = 3
 
 
 def family_of(cidr: str) -> int:
-    return AF_INET if ipaddress.ip_network(cidr, strict=False).version == 4 else AF_INET6
+    v4 = ipaddress.ip_network(cidr, strict=False).version == 4
+    return socket.AF_INET if v4 else socket.AF_INET6
 
 
 def _dst(cidr: str) -> dict:
@@ -46,9 +48,9 @@ def add(ipr, dst: str, oif: int, gw: str | None = None, *, mtu: int = 0, advmss:
     try:
         ipr.route("append", **spec)
     except NetlinkError as e:
-        if e.code == 17 and find(ipr, dst, gw):
+        if e.code == errno.EEXIST and find(ipr, dst, gw):
             return
-        raise CNIError(Code.INTERNAL, f"failed to add route '{dst} via {gw} dev {ifname}': "
+        raise HostError(f"failed to add route '{dst} via {gw} dev {ifname}': "
                        f"{e.args[1] if len(e.args) > 1 else e}") from None
 
 

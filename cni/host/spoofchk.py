@@ -38,6 +38,15 @@ def _chains(ref: str) -> tuple[str, str]:
     return PREFIX + ref, PREFIX + ref + "-mac"
 
 
+def check_names(container_id: str, ifname: str) -> None:
+    """ValueError unless this attachment's chains and comment can be written as nft text
+    (1.0.6 takes no quoted chain names; a comment holds at most 128 bytes)."""
+    ref = ref_id(container_id, ifname)
+    for chain in _chains(ref):
+        nft.chain_name(chain)
+    nft.quote(TAG + ref)
+
+
 def setup(host_ifname: str, mac: str, container_id: str, ifname: str) -> None:
     """ValueError if the names can't be written as nft identifiers / comments (nothing done)."""
     mac = mac.lower()

@@ -7,12 +7,13 @@ clash with a host interface, and there is no window where it sits half-moved.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 from dataclasses import dataclass
 
 from cni.host import links, netns, sysctl
-from cni.spec.errors import CNIError, Code
+from cni.host.errors import HostError
 
 ATTEMPTS = 10
 
@@ -38,8 +39,7 @@ def create(container_ns: int | str, ifname: str, mtu: int = 0, mac: str = "",
 
     with netns.iproute(container_ns) as cipr:
         if links.get(cipr, ifname) is not None:
-            raise CNIError(Code.INTERNAL,
-                           f"container veth name provided ({ifname}) already exists")
+            raise HostError(f"container veth name provided ({ifname}) already exists")
     fd = netns.open_ns(container_ns)
     try:
         with netns.iproute() as ipr:
@@ -55,22 +55,22 @@ def create(container_ns: int | str, ifname: str, mtu: int = 0, mac: str = "",
                     ipr.link("add", ifname=name, kind="veth", peer=peer, txqlen=0,
                              **({"mtu": mtu} if mtu else {}))
                 except NetlinkError as e:
-                    if e.code == links.EEXIST and not host_name and links.get(ipr, name):
+                    if e.code == errno.EEXIST and not host_name and links.get(ipr, name):
                         continue  # our random name was taken: draw another
-                    if e.code == links.EEXIST:
-                        raise CNIError(Code.INTERNAL, f"container veth name provided ({ifname}) "
+                    if e.code == errno.EEXIST:
+                        raise HostError(f"container veth name provided ({ifname}) "
                                        "already exists") from None
-                    raise CNIError(Code.INTERNAL, f"failed to make veth pair: {e}") from None
+                    raise HostError(f"failed to make veth pair: {e}") from None
                 return _finish(ipr, name, container_ns, ifname)
     finally:
         os.close(fd)
-    raise CNIError(Code.INTERNAL, "failed to find a unique veth name")
+    raise HostError("failed to find a unique veth name")
 
 
 def _finish(ipr, name: str, container_ns: int | str, ifname: str) -> Pair:
     host = links.get(ipr, name)
     if host is None:
-        raise CNIError(Code.INTERNAL, f"failed to lookup {name!r} after creating it")
+        raise HostError(f"failed to lookup {name!r} after creating it")
     links.set_up(ipr, host.index)
     try:
         sysctl.write(sysctl.conf(6, name, "accept_ra"), 0)  # we own this interface's routes
@@ -79,14 +79,14 @@ def _finish(ipr, name: str, container_ns: int | str, ifname: str) -> Pair:
     with netns.iproute(container_ns) as cipr:
         container = links.get(cipr, ifname)
     if container is None:
-        raise CNIError(Code.INTERNAL, f"failed to lookup {ifname!r} in the container")
+        raise HostError(f"failed to lookup {ifname!r} in the container")
     host.up = True  # set just now; nothing else of it changes by going up
     return Pair(host=host, container=container)
 
 
 def delete_container_end(container_ns: int | str, ifname: str) -> bool:
     """Delete the container's veth (the host end goes with it); False if the link was not
-    there. A missing namespace raises netns.NetnsMissing."""
+    there. A missing namespace raises errors.NamespaceMissing."""
     with netns.iproute(container_ns) as cipr:
         link = links.get(cipr, ifname)
         if link is None:
@@ -96,7 +96,7 @@ def delete_container_end(container_ns: int | str, ifname: str) -> bool:
         try:
             cipr.link("del", index=link.index)
         except NetlinkError as e:  # e.g. CNI_IFNAME=lo: the kernel refuses, nothing changed
-            raise CNIError(Code.INTERNAL, f"failed to delete {ifname!r} in the container: "
+            raise HostError(f"failed to delete {ifname!r} in the container: "
                            f"{e.args[-1]}") from None
         return True
 
@@ -105,15 +105,3 @@ def delete_host_end(name: str) -> None:
     """Undo for a failed ADD: deleting the host end removes both ends."""
     with netns.iproute() as ipr:
         links.delete(ipr, name)
-
-
-def peer_of(container_ns: int | str, ifname: str) -> tuple[links.Link, links.Link | None]:
-    """The container's veth and, in our namespace, its host peer (None if not found here)."""
-    with netns.iproute(container_ns) as cipr:
-        link = links.get(cipr, ifname)
-    if link is None:
-        raise CNIError(Code.INTERNAL, f"failed to find link {ifname!r} in the container")
-    if link.kind != "veth":
-        raise CNIError(Code.INTERNAL, f"error: container interface {ifname} not of type veth")
-    with netns.iproute() as ipr:
-        return link, links.by_index(ipr, link.peer_index)

@@ -30,6 +30,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from cni.host import netns
+from cni.host.errors import HostError
 from cni.skel import Request, require_printable, valid_attachments
 from cni.spec import keys
 from cni.spec.errors import CNIError, Code, invalid_config
@@ -188,10 +190,7 @@ def _host_veth(req: Request, prev: Result):
     if not interfaces:
         raise CNIError(Code.INVALID_CONFIG, "prevResult has no interfaces: bandwidth needs the "
                        "host veth of the container interface")
-    try:
-        veth = peer.host_veth(req.netns_target, req.ifname)
-    except peer.PeerError as e:
-        raise CNIError(Code.INTERNAL, str(e)) from None
+    veth = peer.host_veth(req.netns_target, req.ifname)  # PeerError: 999, as the reference
     host_side = [i.get("name") for i in interfaces if not i.get("sandbox")]
     if veth.name not in host_side:
         raise CNIError(Code.INTERNAL, f"veth peer {veth.name} of container interface "
@@ -201,14 +200,8 @@ def _host_veth(req: Request, prev: Result):
 
 # ---- verbs -----------------------------------------------------------------------------------
 
+@netns.one_socket_per_namespace  # the peer lookup and the tc work share one host socket
 def add(req: Request) -> Result:
-    from cni.host import netns
-
-    with netns.shared_sockets():  # the peer lookup and the tc work share one host socket
-        return _add(req)
-
-
-def _add(req: Request) -> Result:
     lim = limits(req)
     if lim is None or (lim.ingress is None and lim.egress is None):
         return req.prev_result or _empty(req)
@@ -231,7 +224,7 @@ def _apply(req: Request, veth, ingress, egress, result: Result) -> None:
     """Create the qdiscs and the ifb; on any failure undo exactly what this call made."""
     from pyroute2 import NetlinkError
 
-    from cni.host import ifb, netns, tc
+    from cni.host import ifb, tc
 
     undo: list = []
     step = ""
@@ -270,16 +263,10 @@ def _undo(req: Request, undo: list) -> None:
             req.log(f"undo failed: {e}")
 
 
+@netns.one_socket_per_namespace  # the peer lookup and the tc work share one host socket
 def delete(req: Request) -> None:
-    from cni.host import netns
-
-    with netns.shared_sockets():  # the peer lookup and the tc work share one host socket
-        _delete(req)
-
-
-def _delete(req: Request) -> None:
     """Remove the ifb (missing is fine), and our qdiscs on the host veth if it is still there."""
-    from cni.host import ifb, netns, tc
+    from cni.host import ifb, tc
 
     name = ifb_name(req.network, req.container_id)
     veth = _host_veth_if_any(req)
@@ -311,20 +298,14 @@ def _host_veth_if_any(req: Request):
         return None
     try:
         return peer.host_veth(req.netns_target, req.ifname)
-    except (CNIError, peer.PeerError, OSError):
+    except (HostError, OSError):  # no netns, no link, no peer: nothing of ours to find
         return None
 
 
+@netns.one_socket_per_namespace  # the peer lookup and the tc work share one host socket
 def check(req: Request) -> None:
-    from cni.host import netns
-
-    with netns.shared_sockets():  # the peer lookup and the tc work share one host socket
-        _check(req)
-
-
-def _check(req: Request) -> None:
     """Compare the kernel's tbf rate, limit and buffer with the config, on both sides."""
-    from cni.host import ifb, netns, tc
+    from cni.host import ifb, tc
 
     lim = limits(req)
     if lim is None or (lim.ingress is None and lim.egress is None):
@@ -356,7 +337,7 @@ def _compare(dev: str, found, want) -> None:
 
 def gc(req: Request) -> None:
     """Remove our ifbs (of this network) whose container is not among the valid attachments."""
-    from cni.host import ifb, netns
+    from cni.host import ifb
 
     valid = valid_attachments(req.config)
     if valid is None:  # libcni's GC without args: stale and live look alike

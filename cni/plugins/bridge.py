@@ -1,13 +1,17 @@
 """bridge: pods on a Linux bridge through veth pairs, as the reference plugin.
 
 add / delete / check read like the reference's cmdAdd / cmdDel / cmdCheck, step by step; the
-kernel work is in cni.host.*. Differences from the reference, all deliberate:
+kernel work is in cni.host.*. Masquerade and spoof-check rules carry the reference's v1.9 names
+(cni.host.masq, cni.host.spoofchk), so either side's DEL and GC clean the other's attachments.
+Differences from the reference, all deliberate:
 - a failed ADD undoes what it did (IPAM reservation, veth, spoof check and masquerade rules);
 - DEL removes this attachment's masquerade / spoof-check rules by their comment even when
   CNI_NETNS is empty or gone (reference #810), and tolerates configs ADD would refuse;
 - the bridge MAC is pinned on every ADD (after the port joins), not only with isGateway (#805);
 - ADD returns once the port forwards, not only when it is oper-up (reference #463);
-- ipMasq uses nftables; `ipMasqBackend: "iptables"` is refused (error 2).
+- ipMasq uses nftables; `ipMasqBackend: "iptables"` is refused (error 2);
+- GC without cni.dev/valid-attachments removes nothing; GC drops a spoof check only once its
+  host veth is gone (the reference's names carry no network).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from typing import Any
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
-from cni.host import addrs, bridge, links, masq, netns, routes, spoofchk, veth
+from cni.host import addrs, bridge, links, masq, netns, peer, routes, spoofchk, veth
+from cni.host.errors import HostError, NamespaceMissing
 from cni.ipam import delegate as ipam
 from cni.skel import Request, valid_attachments
 from cni.spec import keys, names
@@ -164,6 +169,7 @@ class Undo:
                 self.req.log(f"undo {what} failed: {e}")
 
 
+@netns.one_socket_per_namespace  # one netlink socket per namespace, not one per step
 def add(req: Request) -> Result:
     conf = load(req)
     is_layer3 = conf.ipam_type != ""
@@ -177,17 +183,23 @@ def add(req: Request) -> Result:
                              "cannot set hairpin mode and promiscuous mode at the same time")
     if is_layer3:
         ipam.validate_type(conf.ipam_type)
+    if conf.macspoofchk:
+        try:
+            spoofchk.check_names(req.container_id, req.ifname)
+        except ValueError:
+            raise CNIError(Code.INVALID_ENV, f"macspoofchk: CNI_CONTAINERID {req.container_id!r}"
+                           f" and CNI_IFNAME {req.ifname!r} must make an nftables chain name "
+                           "(letters, digits, '_', '.', '-'; comment at most 128 bytes)") from None
 
     undo = Undo(req)
     try:
-        with netns.shared_sockets():  # one netlink socket per namespace, not one per step
-            return _add(req, conf, is_layer3, undo)
+        return _add_steps(req, conf, is_layer3, undo)
     except BaseException:
         undo.run()
         raise
 
 
-def _add(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Result:
+def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Result:
     br = bridge.ensure(conf.bridge, conf.mtu, conf.promiscMode,
                        vlan_filtering=bool(conf.vlan or conf.vlanTrunk is not None))
 
@@ -202,12 +214,7 @@ def _add(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Result:
     if conf.macspoofchk:
         undo.push("spoof check", lambda: spoofchk.teardown(req.container_id, req.ifname,
                                                            conf.name))
-        try:
-            spoofchk.setup(pair.host.name, pair.container.mac, req.container_id, req.ifname)
-        except ValueError:
-            raise CNIError(Code.INVALID_ENV, f"macspoofchk: CNI_CONTAINERID {req.container_id!r}"
-                           f" and CNI_IFNAME {req.ifname!r} must make an nftables chain name "
-                           "(letters, digits, '_', '.', '-'; comment at most 128 bytes)") from None
+        spoofchk.setup(pair.host.name, pair.container.mac, req.container_id, req.ifname)
 
     result: Result = {
         "cniVersion": req.version,
@@ -306,9 +313,9 @@ def setup_gateways(conf: NetConf, br: links.Link, gateways: dict[int, list[str]]
                 target = br.name
             try:
                 addrs.ensure_gateway(target, gw, conf.forceAddress)
-            except CNIError as e:
+            except HostError as e:
                 what = "vlan interface for bridge with addr" if conf.vlan else "bridge addr"
-                raise CNIError(e.code, f"failed to set {what}: {e.msg}") from None
+                raise HostError(f"failed to set {what}: {e}") from None
         if gateways[fam]:
             try:
                 addrs.enable_forwarding(fam)
@@ -325,7 +332,7 @@ def delete(req: Request) -> None:
     if req.netns or req.netns_fd is not None:
         try:
             veth.delete_container_end(req.netns_target, req.ifname)
-        except netns.NetnsMissing:
+        except NamespaceMissing:
             pass  # the namespace is gone, and the veth with it
 
     if is_layer3:
@@ -350,12 +357,8 @@ def _teardown(enabled: bool, fn: Callable[[], Any], req: Request) -> None:
 
 # --- CHECK ----------------------------------------------------------------------------------
 
+@netns.one_socket_per_namespace  # one netlink socket per namespace, not one per step
 def check(req: Request) -> None:
-    with netns.shared_sockets():  # one netlink socket per namespace, not one per step
-        _check(req)
-
-
-def _check(req: Request) -> None:
     conf = load(req)
     if conf.ipam_type:
         ipam.check(req, conf.ipam_type)
@@ -376,16 +379,17 @@ def _check(req: Request) -> None:
                        "prevResult")
 
     br = check_bridge(conf, br_entry)
-    cont, peer = veth.peer_of(req.netns_target, req.ifname)
+    cont = peer.container_veth(req.netns_target, req.ifname)
+    host_end = peer.host_end(cont)
     if cont_entry.get("mac") and cont.mac != cont_entry["mac"].lower():
         raise CNIError(Code.INTERNAL, f"Interface {req.ifname} Mac {cont_entry['mac']} doesn't "
                        f"match container Mac: {cont.mac}")
     host_names = {i["name"] for i in prev.get("interfaces", []) if not i.get("sandbox")}
-    if peer is None or peer.kind != "veth" or peer.name not in host_names:
+    if host_end is None or host_end.name not in host_names:
         raise CNIError(Code.INTERNAL, f"host veth peer of {req.ifname} not found in prevResult")
-    if peer.master != br.index:
+    if host_end.master != br.index:
         raise CNIError(Code.INTERNAL,
-                       f"Interface {peer.name} not attached to bridge {conf.bridge}")
+                       f"Interface {host_end.name} not attached to bridge {conf.bridge}")
 
     with netns.iproute(req.netns_target) as cipr:
         for ipc in prev.get("ips", []):
@@ -408,10 +412,7 @@ def _check(req: Request) -> None:
 
 
 def check_bridge(conf: NetConf, entry: dict) -> links.Link:
-    try:
-        br = bridge.lookup(conf.bridge)
-    except CNIError as e:
-        raise CNIError(Code.INTERNAL, e.msg) from None
+    br = bridge.lookup(conf.bridge)
     if entry.get("mac") and br.mac != entry["mac"].lower():
         raise CNIError(Code.INTERNAL, f"Bridge interface {conf.bridge} Mac doesn't match: "
                        f"{entry['mac']}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cni.host import links
-from cni.host.netns import NetnsMissing
+from cni.host.errors import NamespaceMissing
 from cni.skel import Request, require_printable
 from cni.spec.errors import CNIError, Code
 from cni.spec.result import Result
@@ -28,10 +28,18 @@ def delete(req: Request) -> None:
         return
     try:
         links.set_loopback(req.netns_target, up=False)
-    except NetnsMissing:
+    except NamespaceMissing:
         pass  # the namespace is gone, and so is its lo
 
 
 def check(req: Request) -> None:
     if not links.loopback_is_up(req.netns_target):
         raise CNIError(Code.INTERNAL, "loopback interface is down")
+
+
+def gc(req: Request) -> None:
+    """loopback keeps no state outside the pod: nothing to collect, with or without a list."""
+    from cni.skel import valid_attachments
+
+    if valid_attachments(req.config) is None:
+        req.log("GC without cni.dev/valid-attachments: nothing removed (loopback keeps no state)")

@@ -12,7 +12,9 @@ No pytest here: scripts (the VM scenario) use it as is. CLI:
     python -m integration.cri.client --socket SOCK version
     python -m integration.cri.client --socket SOCK run NAME --port 8080:80 \
         --annotation kubernetes.io/ingress-bandwidth=1M --image IMG -- CMD...   # prints JSON
+    python -m integration.cri.client --socket SOCK ip POD_ID
     python -m integration.cri.client --socket SOCK rm POD_ID
+(`run` also takes --log-dir and --cgroup-parent; the module needs grpcio and grpcio-tools.)
 """
 
 from __future__ import annotations
@@ -200,6 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--port", action="append", default=[], metavar="HOST:CONTAINER[/PROTO]")
     run.add_argument("--annotation", action="append", default=[], metavar="KEY=VALUE")
     run.add_argument("--log-dir", default="")
+    run.add_argument("--cgroup-parent", default="",
+                     help="kubelet's pod cgroup (default: the runtime's, /k8s.io for containerd)")
     run.add_argument("--image", help="also CreateContainer + StartContainer with this image, "
                      "running the command after `--`")
     ip = sub.add_parser("ip", help="PodSandboxStatus: the pod's IPs")
@@ -222,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ports.append(PortMap(int(host), int(ctr or host), proto or "tcp"))
             annotations = dict(a.split("=", 1) for a in args.annotation)
             pod = client.run_pod(args.name, port_mappings=ports, annotations=annotations,
-                                 log_directory=args.log_dir)
+                                 log_directory=args.log_dir, cgroup_parent=args.cgroup_parent)
             if args.image:
                 client.create_start(pod, args.name, args.image, command)
             addr, more = client.pod_ip(pod.id)
