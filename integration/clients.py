@@ -141,6 +141,17 @@ class Node:
             self.proc.stderr.close()
 
 
+def terminate(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM, then SIGKILL if it is still there after `grace` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 def kill_processes_mentioning(marker: str) -> None:
     """SIGKILL processes whose command line holds marker (a temp path only our test used:
     containerd shims, conmon), so nothing of a test outlives it."""
@@ -246,13 +257,7 @@ class Containerd:
         for task in tasks:
             self.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False, timeout=30)
             self.ctr("tasks", "rm", "-f", task, check=False, timeout=30)
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate(self.proc, grace=15)
         kill_processes_mentioning(str(self.sock))  # shims outlive containerd by design
         shutil.rmtree(self.sock_dir, ignore_errors=True)
 
@@ -383,13 +388,7 @@ class PycniDaemon:
         return self.log.read_text().count(" served ")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate(self.proc, grace=30)
         kill_processes_mentioning(str(self.socket))  # forked children carry its argv
         shutil.rmtree(self.dir, ignore_errors=True)
 

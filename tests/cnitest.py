@@ -92,6 +92,33 @@ class Plugins:
         return out
 
 
+HEAVY_MODULES = ("pyroute2", "pydantic", "click", "nftables")
+
+
+def probe_binary(plugin: str, env: dict[str, str], stdin: bytes = b"",
+                 watch: tuple[str, ...] = HEAVY_MODULES) -> tuple[str, int, list[str]]:
+    """Run bin/<plugin>'s code in a fresh `python -IS` as the exec'd binary would run, and report
+    (its stdout, its exit code, which of the `watch` modules it imported)."""
+    probe = (
+        "import io, json, os, runpy, sys\n"
+        f"os.environ.clear(); os.environ.update({env!r})\n"
+        f"sys.stdin = io.TextIOWrapper(io.BytesIO({stdin!r}))\n"
+        "os._exit = sys.exit  # the shim leaves by os._exit: come back here to look\n"
+        "code = 0\n"
+        "try:\n"
+        f"    runpy.run_path({str(BIN / plugin)!r}, run_name='__main__')  # sets argv[0]\n"
+        "except SystemExit as e:\n"
+        "    code = e.code\n"
+        f"loaded = [m for m in {watch!r} if m in sys.modules]\n"
+        "print('\\nPROBE', json.dumps([code, loaded]))\n"
+    )
+    out = subprocess.run([str(VENV_PY), "-IS", "-c", probe], capture_output=True, text=True,
+                         cwd="/tmp", check=True).stdout
+    body, _, tail = out.rpartition("\nPROBE ")
+    code, loaded = json.loads(tail)
+    return body, code, loaded
+
+
 def new_netns(prefix: str) -> Netns:
     name = f"{prefix}-{secrets.token_hex(4)}"
     subprocess.run(["ip", "netns", "add", name], check=True)

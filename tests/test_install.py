@@ -161,7 +161,7 @@ def test_uninstall_without_install_is_an_error(tmp_path: Path) -> None:
 
 def test_cli_add_does_not_import_install_or_doctor() -> None:
     code = ("import sys, cni.cli as c; c.main.get_command(None, 'add');"
-            "assert not {'cni.install', 'cni.install_cli', 'cni.doctor'} & set(sys.modules);"
+            "assert not {'cni.install', 'cni.cli.node', 'cni.doctor'} & set(sys.modules);"
             "assert c.main.get_command(None, 'install').name == 'install'")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -5,39 +5,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from bridge_util import conf, ipam_path, masq_rules, reservations
-from cnitest import BIN
+from cnitest import HEAVY_MODULES, probe_binary
 
 from cni import deleted, skel
 
 pytestmark = pytest.mark.root
 MARKER = Path(deleted.MARKER_DIR) / "bridge@ctr1@eth0"
-
-
-def probe_exec(env: dict[str, str], stdin: bytes) -> tuple[str, list[str]]:
-    """Run bin/bridge's code in a fresh interpreter: its stdout and the heavy modules it loaded."""
-    probe = (
-        "import runpy, sys, os, io\n"
-        f"os.environ.clear(); os.environ.update({env!r})\n"
-        f"sys.stdin = io.TextIOWrapper(io.BytesIO({stdin!r}))\n"
-        "os._exit = sys.exit  # the shim leaves by os._exit: come back here to look\n"
-        "try:\n"
-        f"    runpy.run_path({str(BIN / 'bridge')!r}, run_name='__main__')  # sets argv[0]\n"
-        "except SystemExit as e:\n"
-        "    print('EXIT', e.code)\n"
-        "heavy = [m for m in ('pyroute2', 'pydantic', 'nftables', 'cni.fast.protocol',"
-        " 'cni.plugins.bridge') if m in sys.modules]\n"
-        "print('HEAVY', heavy)\n"
-    )
-    out = subprocess.run([sys.executable, "-IS", "-c", probe], capture_output=True, text=True,
-                         cwd="/tmp", check=True).stdout
-    return out, [line for line in out.splitlines() if line.startswith("HEAVY")]
 
 
 def test_second_del_with_empty_netns_is_answered_without_work(plugins, host, netns_factory,
@@ -51,8 +29,9 @@ def test_second_del_with_empty_netns_is_answered_without_work(plugins, host, net
 
     env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "ctr1", "CNI_NETNS": "",
            "CNI_IFNAME": "eth0", "CNI_PATH": ipam_path(), "PYCNI_SOCKET": "/nonexistent"}
-    out, heavy = probe_exec(env, json.dumps(c).encode())
-    assert "EXIT 0" in out and heavy == ["HEAVY []"], out
+    watch = (*HEAVY_MODULES, "cni.fast.protocol", "cni.plugins.bridge")
+    out, code, loaded = probe_binary("bridge", env, json.dumps(c).encode(), watch=watch)
+    assert (out.strip(), code, loaded) == ("", 0, [])
     # The same through skel (the daemon's child and the in-process path): the same answer.
     assert skel.run("bridge", env, json.dumps(c).encode()) == skel.Reply(b"", b"", 0)
 

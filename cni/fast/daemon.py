@@ -13,7 +13,7 @@ else a socket it binds itself (default /run/pycni/pycni.sock; directory 0700, so
 must be root (SO_PEERCRED). SIGTERM: stop accepting, close requests not yet started (their shims
 run them in-process), let running children finish, exit.
 
-The one entry: `pycni daemon` (cni/cli.py loads `command` lazily) and `python -m cni.fast.daemon`.
+The one entry: `pycni daemon` (cni/cli loads `command` lazily) and `python -m cni.fast.daemon`.
 """
 
 from __future__ import annotations

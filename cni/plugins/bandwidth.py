@@ -32,6 +32,7 @@ from typing import Any
 
 from cni.host import netns
 from cni.host.errors import HostError
+from cni.plugins.undo import Undo
 from cni.skel import Request, require_printable, valid_attachments
 from cni.spec import keys
 from cni.spec.errors import CNIError, Code, invalid_config
@@ -226,41 +227,28 @@ def _apply(req: Request, veth, ingress, egress, result: Result) -> None:
 
     from cni.host import ifb, tc
 
-    undo: list = []
     step = ""
-    with netns.iproute() as ipr:
+    with netns.iproute() as ipr, Undo(req) as undo:
         try:
             if ingress is not None:
                 step = f"tbf on {veth.name}"
                 tc.add_tbf(ipr, veth.index, ingress)
-                undo.append(lambda: tc.delete_root(ipr, veth.index))
+                undo.push(step, lambda: tc.delete_root(ipr, veth.index))
             if egress is not None:
                 name = ifb_name(req.network, req.container_id)
                 step = f"ifb {name}"
                 dev = ifb.create(ipr, name, veth.mtu, req.network, req.container_id)
-                undo.append(lambda: ifb.delete(ipr, name))
+                undo.push(step, lambda: ifb.delete(ipr, name))
                 step = f"ingress qdisc on {veth.name}"
                 tc.add_ingress(ipr, veth.index)
-                undo.append(lambda: tc.delete_ingress(ipr, veth.index))
+                undo.push(step, lambda: tc.delete_ingress(ipr, veth.index))
                 step = f"redirect from {veth.name} to {name}"
                 tc.add_redirect(ipr, veth.index, dev.index)
                 step = f"tbf on {name}"
                 tc.add_tbf(ipr, dev.index, egress)
                 result["interfaces"].append({"name": name, "mac": dev.mac})
-        except NetlinkError as e:
-            _undo(req, undo)
+        except NetlinkError as e:  # raised inside Undo's block: what was done is taken back
             raise CNIError(Code.INTERNAL, f"bandwidth: {step}: {e.args[-1]}") from None
-        except BaseException:
-            _undo(req, undo)
-            raise
-
-
-def _undo(req: Request, undo: list) -> None:
-    for fn in reversed(undo):
-        try:
-            fn()
-        except Exception as e:  # keep undoing the rest; the original error is what we report
-            req.log(f"undo failed: {e}")
 
 
 @netns.one_socket_per_namespace  # the peer lookup and the tc work share one host socket

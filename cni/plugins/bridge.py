@@ -26,6 +26,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr
 from cni.host import addrs, bridge, links, masq, netns, peer, routes, spoofchk, veth
 from cni.host.errors import HostError, NamespaceMissing
 from cni.ipam import delegate as ipam
+from cni.plugins.undo import Undo
 from cni.skel import Request, valid_attachments
 from cni.spec import keys, names
 from cni.spec.config import Model, PluginConf, parse
@@ -151,24 +152,6 @@ def check_mac(key: str, value: Any) -> str:
 
 # --- ADD ------------------------------------------------------------------------------------
 
-class Undo:
-    """What a failing ADD must take back, run newest first."""
-
-    def __init__(self, req: Request) -> None:
-        self.req = req
-        self.steps: list[tuple[str, Callable[[], Any]]] = []
-
-    def push(self, what: str, fn: Callable[[], Any]) -> None:
-        self.steps.append((what, fn))
-
-    def run(self) -> None:
-        for what, fn in reversed(self.steps):
-            try:
-                fn()
-            except Exception as e:  # keep undoing: the original error is what we report
-                self.req.log(f"undo {what} failed: {e}")
-
-
 @netns.one_socket_per_namespace  # one netlink socket per namespace, not one per step
 def add(req: Request) -> Result:
     conf = load(req)
@@ -191,12 +174,8 @@ def add(req: Request) -> Result:
                            f" and CNI_IFNAME {req.ifname!r} must make an nftables chain name "
                            "(letters, digits, '_', '.', '-'; comment at most 128 bytes)") from None
 
-    undo = Undo(req)
-    try:
+    with Undo(req) as undo:
         return _add_steps(req, conf, is_layer3, undo)
-    except BaseException:
-        undo.run()
-        raise
 
 
 def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Result:

@@ -1,19 +1,14 @@
-"""`pycni`: a cnitool-compatible runner (add/check/del/gc/status), plugin versions, and the
-project's other commands.
+"""`pycni add|check|del|gc|status|version`: a cnitool-compatible runner and plugin versions.
 
 Same environment as cnitool: NETCONFPATH (default /etc/cni/net.d), CNI_PATH, CNI_ARGS, CAP_ARGS
 (JSON), CNI_IFNAME (default eth0); the container ID is "cnitool-" + the first 20 hex digits of
 sha512(netns path) unless CNI_CONTAINERID is set, so pycni and cnitool name an attachment alike
 and share libcni's result cache (default /var/lib/cni, `--cache-dir` / PYCNI_CACHE_DIR).
-
-Other modules add commands with one line at the bottom of this file; `lazy()` keeps their imports
-out of `pycni add`:  main.add_command(lazy("daemon", "cni.fast.daemon:command", "Run ..."))
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import sys
@@ -26,48 +21,6 @@ from cni.runtime.cache import DEFAULT_CACHE_DIR, go_json
 from cni.runtime.chain import Runtime, RuntimeConf, parse_valid_attachments
 from cni.runtime.conflist import DEFAULT_NETCONFPATH, NetworkConfigList, load
 from cni.spec.errors import CNIError, Code
-
-# ---- lazily imported commands -----------------------------------------------------------------
-
-
-class LazyCommand(click.Command):
-    """A placeholder that imports the real command ("module:attr") only when it runs."""
-
-    def __init__(self, name: str, target: str, help: str = "") -> None:
-        super().__init__(name, help=help, short_help=help)
-        self.target = target
-
-    def load(self) -> click.Command:
-        module, _, attr = self.target.partition(":")
-        cmd = getattr(importlib.import_module(module), attr)
-        if not isinstance(cmd, click.Command):
-            raise click.ClickException(f"{self.target} is not a click command")
-        return cmd
-
-
-def lazy(name: str, target: str, help: str = "") -> LazyCommand:
-    return LazyCommand(name, target, help)
-
-
-class LazyGroup(click.Group):
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        cmd = super().get_command(ctx, cmd_name)
-        return cmd.load() if isinstance(cmd, LazyCommand) else cmd
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        # Listing uses the placeholders' own help, so `pycni --help` imports nothing extra.
-        rows = [(name, cmd.get_short_help_str(formatter.width - 6 - len(name)))
-                for name in self.list_commands(ctx)
-                if (cmd := self.commands.get(name)) is not None and not cmd.hidden]
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
-
-
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-def main() -> None:
-    """CNI plugins in Python, and a cnitool-compatible runner."""
-
 
 # ---- cnitool's environment --------------------------------------------------------------------
 
@@ -141,7 +94,7 @@ def ifname_option(f: Callable[..., Any]) -> Callable[..., Any]:
 # ---- the cnitool verbs ------------------------------------------------------------------------
 
 
-@main.command()
+@click.command()
 @click.argument("network")
 @click.argument("netns")
 @ifname_option
@@ -156,7 +109,7 @@ def add(network: str, netns: str, ifname: str | None, cache_dir: str) -> None:
         click.echo(go_json(final.printable(), sort_keys=False, indent=4).decode())
 
 
-@main.command()
+@click.command()
 @click.argument("network")
 @click.argument("netns")
 @ifname_option
@@ -169,7 +122,7 @@ def check(network: str, netns: str, ifname: str | None, cache_dir: str) -> None:
         fail(e)
 
 
-@main.command(name="del")
+@click.command(name="del")
 @click.argument("network")
 @click.argument("netns")
 @ifname_option
@@ -182,7 +135,7 @@ def delete(network: str, netns: str, ifname: str | None, cache_dir: str) -> None
         fail(e)
 
 
-@main.command()
+@click.command()
 @click.argument("network")
 @click.argument("netns", required=False)
 @click.option("--valid-attachments", "valid_json", default=None, metavar="JSON",
@@ -205,7 +158,7 @@ def gc(network: str, netns: str | None, valid_json: str | None, cache_dir: str) 
         fail(e)
 
 
-@main.command()
+@click.command()
 @click.argument("network")
 @click.argument("netns", required=False)
 def status(network: str, netns: str | None) -> None:
@@ -216,7 +169,7 @@ def status(network: str, netns: str | None) -> None:
         fail(e)
 
 
-@main.command()
+@click.command()
 @click.argument("plugins", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def version(plugins: tuple[str, ...], as_json: bool) -> None:
@@ -244,15 +197,6 @@ def version(plugins: tuple[str, ...], as_json: bool) -> None:
         sys.exit(1)
 
 
-@main.command()
-def demo() -> None:
-    """Two throwaway pods through the conflists in conf/: ADD, show, DEL, show it is clean."""
-    from cni import demo as demo_module
-
-    rc = demo_module.main()
-    sys.exit(rc if isinstance(rc, int) else 0)
-
-
 def _read_arg(value: str) -> str:
     if value == "-":
         return sys.stdin.read()
@@ -274,14 +218,3 @@ def _plugins_in_path(paths: list[str]) -> list[str]:
             if entry.is_file() and os.access(entry.path, os.X_OK):
                 seen.setdefault(entry.name, None)
     return list(seen)
-
-
-# ---- commands from other modules (one line each; keep them lazy) -----------------------------
-
-main.add_command(lazy("install", "cni.install_cli:install", "Install the plugins and a conflist."))
-main.add_command(lazy("uninstall", "cni.install_cli:uninstall", "Remove what install wrote."))
-main.add_command(lazy("doctor", "cni.install_cli:doctor", "Check this host for what plugins need."))
-main.add_command(lazy("daemon", "cni.fast.daemon:command", "Run the plugins' forkserver."))
-
-if __name__ == "__main__":
-    main()

@@ -1,5 +1,5 @@
-"""The click commands `pycni install`, `pycni uninstall` and `pycni doctor` (loaded lazily by
-cni/cli.py, so `pycni add` never imports this)."""
+"""`pycni install`, `pycni uninstall` and `pycni doctor` (loaded lazily by
+cni/cli, so `pycni add` never imports this)."""
 
 from __future__ import annotations
 
