@@ -68,7 +68,7 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None) -> Non
         except OSError:
             pass
         set_name("pycni-spare")  # tells idle spares from running requests in ps
-        warm_up()
+        warm_up(netlink=False)
         job = take_job(ctl)
         ctl.close()
         if job is None:

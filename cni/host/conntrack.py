@@ -24,13 +24,14 @@ def delete_udp_dport(family: int, ports: Iterable[int]) -> int:
     wanted = {int(p) for p in ports}
     if not wanted:
         return 0
-    from pyroute2 import Conntrack
     from pyroute2.netlink.exceptions import NetlinkError
     from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
 
+    from cni.host.nlsync import SyncConntrack  # pyroute2's Conntrack without an event loop
+
     af = _AF[family]
     deleted = 0
-    with Conntrack(nfgen_family=af) as ct:
+    with SyncConntrack(af) as ct:
         # The kernel filters on the protocol (5.8+; pyroute2 filters again on its side).
         found = [e for e in ct.dump_entries(tuple_orig=NFCTAttrTuple(family=af,
                                                                       proto=IPPROTO_UDP))

@@ -364,12 +364,11 @@ def route_localnet_toward(ip: str) -> str | None:
     """Set route_localnet=1 on the interface that routes to `ip` (current netns); its name."""
     import socket
 
-    from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 
-    from cni.host import sysctl
+    from cni.host import netns, sysctl
 
-    with IPRoute() as ipr:
+    with netns.iproute() as ipr:
         try:
             routes = ipr.route("get", dst=ip)
         except NetlinkError:  # no route to the pod: nothing to enable (the reference skips too)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import socket
 from dataclasses import dataclass
 
 from cni.host import netns
@@ -11,25 +10,21 @@ from cni.host import netns
 IFF_UP = 0x1
 
 
-def _addresses(ipr, index: int) -> list[str]:
-    msgs = list(ipr.get_addr(index=index))  # one dump for both families, not one per family
-    return [f"{msg.get('IFA_ADDRESS')}/{msg['prefixlen']}"
-            for family in (socket.AF_INET, socket.AF_INET6)  # v4 first, as the reference lists
-            for msg in msgs if msg["family"] == family]
-
-
 def set_loopback(target: int | str, up: bool) -> list[str]:
     """Set lo up or down in the namespace; returns lo's addresses (after the change)."""
-    with netns.iproute(target) as ipr:
-        index = ipr.link_lookup(ifname="lo")[0]
-        ipr.link("set", index=index, state="up" if up else "down")
-        return _addresses(ipr, index) if up else []
+    from cni.host.rtnl import Rtnl  # not pyroute2: loopback runs in every pod (see rtnl.py)
+
+    with netns.entered(target), Rtnl() as nl:
+        index, _ = nl.link("lo")
+        nl.set_up(index, up)
+        return nl.addresses(index) if up else []
 
 
 def loopback_is_up(target: int | str) -> bool:
-    with netns.iproute(target) as ipr:
-        link = ipr.link("get", ifname="lo")[0]  # the lookup's reply is the link: one request
-        return bool(link["flags"] & IFF_UP)
+    from cni.host.rtnl import Rtnl
+
+    with netns.entered(target), Rtnl() as nl:
+        return bool(nl.link("lo")[1] & IFF_UP)
 
 
 # --- generic link helpers (bridge, veth) -------------------------------------------------------
@@ -83,6 +78,10 @@ def get(ipr, name: str) -> Link | None:
 
     if not name or len(name) > IFNAMSIZ - 1:
         return None  # no link can have this name (a name dump would match nothing)
+    if hasattr(ipr, "link_fields"):  # SyncIPRoute: read it without pyroute2's decoder
+        fields = ipr.link_fields(name=name)
+        # The kernel also resolves alternative names; callers asked for IFLA_IFNAME.
+        return Link(**fields) if fields is not None and fields["name"] == name else None
     # RTM_GETLINK by name: get_links(ifname=) dumps and decodes every link in the namespace and
     # filters in Python (~30 ms with 60 links, vs ~1 ms).
     try:
@@ -106,6 +105,9 @@ def names() -> set[str]:
 def by_index(ipr, index: int) -> Link | None:
     from pyroute2.netlink.exceptions import NetlinkError
 
+    if hasattr(ipr, "link_fields"):
+        fields = ipr.link_fields(index=index)
+        return Link(**fields) if fields is not None else None
     try:
         msgs = ipr.get_links(index)
     except NetlinkError as e:

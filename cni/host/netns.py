@@ -57,12 +57,12 @@ def entered(target: int | str) -> Iterator[None]:
 
 
 def _new_iproute(target: int | str | None) -> IPRoute:
-    from pyroute2 import IPRoute
+    from cni.host.nlsync import SyncIPRoute  # IPRoute without its per-socket event loop
 
     if target is None:
-        return IPRoute()
+        return SyncIPRoute()
     with entered(target):
-        return IPRoute()
+        return SyncIPRoute()
 
 
 class _Borrowed(AbstractContextManager):
