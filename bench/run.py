@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import hashlib
-import importlib.util
 import json
 import os
 import platform
@@ -101,10 +100,6 @@ class Lab:
     def drop(path: str) -> None:
         subprocess.run(["ip", "netns", "del", os.path.basename(path)], check=False,
                        capture_output=True)
-
-
-def implemented(plugin: str) -> bool:
-    return importlib.util.find_spec(registry.PLUGINS[plugin]) is not None
 
 
 def our_bin(tmp: Path) -> tuple[Path, str]:
@@ -207,8 +202,6 @@ def bench_version(sides: list[Side], runs: int, s: Samples) -> None:
     for i in range(runs):
         for plugin in PLUGINS:
             for side in rotated(sides, i):
-                if side.name != "reference" and not implemented(plugin):
-                    continue
                 s.record(side, [run_plugin(side, plugin, "VERSION", LIBCNI_VERSION_STDIN)])
 
 
@@ -492,24 +485,19 @@ def main() -> int:
         Side("pycni (no daemon)", ours, "bpyn0", "10.97.0.0/16", tmp / "pyn-ipam",
              env={"PYCNI_SOCKET": str(tmp / "no-daemon.sock")}),
     ]
-    missing = [p for p in PLUGINS if not implemented(p)]
     s = Samples()
     daemon_kb: dict[str, int] = {}
     try:
         note_load("start")
         bench_version(sides, args.version_runs, s)
         note_load("after VERSION")
-        if any(p in missing for p in CHAIN):
-            s.errors.append(f"chain skipped for pycni: not implemented: {', '.join(missing)}")
-            bench_chain(lab, sides[:1], args.iterations, s)
-        else:
-            bench_chain(lab, sides, args.iterations, s)
-            note_load("after the chain")
-            for r in range(max(args.rounds, args.rounds_no_daemon)):
-                for side in rotated(sides, r):
-                    if r < (args.rounds_no_daemon if "no daemon" in side.name else args.rounds):
-                        bench_concurrent(lab, side, args.pods, s)
-            note_load("after 30 pods")
+        bench_chain(lab, sides, args.iterations, s)
+        note_load("after the chain")
+        for r in range(max(args.rounds, args.rounds_no_daemon)):
+            for side in rotated(sides, r):
+                if r < (args.rounds_no_daemon if "no daemon" in side.name else args.rounds):
+                    bench_concurrent(lab, side, args.pods, s)
+        note_load("after 30 pods")
         bench_rss(lab, sides, s)
         daemon_kb = daemon.memory_kb()
         if args.cri_pods or args.cri_pods_no_daemon:
@@ -528,8 +516,6 @@ def main() -> int:
              f"({args.rounds_no_daemon} without the daemon), interleaved A/B/C; "
              f"{args.cri_pods} pods through containerd's CRI per side "
              f"({args.cri_pods_no_daemon} without the daemon), one at a time, interleaved", ""]
-    if missing:
-        lines += [f"**Not implemented yet (lines skipped):** {', '.join(missing)}", ""]
     lines.append(table(s, sides, rss_lines(s, sides, daemon_kb)))
     if s.error_lines():
         lines += ["", "## Errors and leftovers", "",

@@ -4,7 +4,6 @@ fallback when the daemon is gone. Daemons run in the test's host netns on a tmp 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import re
@@ -24,7 +23,6 @@ import pytest
 from cnitest import BIN, ROOT, VENV_PY, Netns, Plugins
 from test_shim import EXPENSIVE, assert_stdlib_only
 
-from cni import registry
 from cni.fast import protocol as proto
 
 pytestmark = pytest.mark.root
@@ -123,16 +121,6 @@ def start_daemon() -> Iterator[Callable[..., Daemon]]:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def exists(plugin: str) -> bool:
-    return importlib.util.find_spec(registry.PLUGINS[plugin]) is not None
-
-
-def require(*plugins: str) -> None:
-    missing = [p for p in plugins if not exists(p)]
-    if missing:
-        pytest.skip(f"not implemented yet: {', '.join(missing)}")
-
-
 # --- same bytes both ways ---------------------------------------------------------------------
 
 MBIT = 1_000_000
@@ -200,8 +188,6 @@ def normalize(steps: list[tuple], pod: Netns, tmp: Path) -> list[tuple]:
                                   "chain"])
 def test_daemon_and_in_process_give_the_same_bytes(name, netns_factory, start_daemon,
                                                    tmp_path) -> None:
-    confs = scenario(name, tmp_path)
-    require(*{c["type"] for c in confs})
     host_a, host_b = netns_factory("pycni-host"), netns_factory("pycni-host")
     pod_a, pod_b = netns_factory("pycni-pod"), netns_factory("pycni-pod")
     daemon = start_daemon(host_a)
@@ -216,7 +202,6 @@ def test_daemon_and_in_process_give_the_same_bytes(name, netns_factory, start_da
 
 def test_the_daemon_acts_in_the_callers_namespace(netns_factory, start_daemon, tmp_path) -> None:
     """The daemon lives in one netns; a shim in another gets its bridge in its own."""
-    require("bridge", "host-local")
     home, caller, pod = (netns_factory("pycni-host"), netns_factory("pycni-host"),
                          netns_factory("pycni-pod"))
     daemon = start_daemon(home)
@@ -575,7 +560,6 @@ def test_a_nested_ipam_call_skips_its_callers_lock_but_a_racing_del_waits(
     """bridge -> wrapper script -> our host-local shim -> the daemon, for bridge's own
     attachment: it must not wait behind bridge (which waits for it: a deadlock until the
     timeout), while a runtime DEL for the attachment still waits for the ADD to finish."""
-    require("bridge", "host-local")
     daemon = start_daemon(host)
     bin_dir, release = wrapped_ipam(tmp_path)
     conf = {"cniVersion": "1.0.0", "name": "wrapnet", "type": "bridge", "bridge": "wrapbr0",
