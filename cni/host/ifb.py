@@ -11,6 +11,9 @@ import errno
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from cni.host import links
+from cni.host.errors import HostError
+
 if TYPE_CHECKING:
     from pyroute2 import IPRoute
 
@@ -33,19 +36,21 @@ def alias_for(network: str, container_id: str) -> str:
 def create(ipr: IPRoute, name: str, mtu: int, network: str, container_id: str) -> Ifb:
     """Add the ifb (txqueuelen 0 and the MTU given, as the reference), mark it, set it up."""
     ipr.link("add", ifname=name, kind="ifb", mtu=mtu, txqlen=0)
-    link = ipr.link("get", ifname=name)[0]  # index and MAC in one request (up keeps the MAC)
-    index = link["index"]
+    link = links.get(ipr, name)  # index and MAC in one request (up keeps the MAC)
+    if link is None:
+        raise HostError(f"ifb {name} vanished right after it was created")
+    index = link.index
     try:
         ipr.link("set", index=index, ifalias=alias_for(network, container_id), state="up")
     except Exception:
         ipr.link("del", index=index)
         raise
-    return Ifb(name, index, link.get_attr("IFLA_ADDRESS"), network, container_id)
+    return Ifb(name, index, link.mac, network, container_id)
 
 
 def lookup(ipr: IPRoute, name: str) -> int | None:
-    found = ipr.link_lookup(ifname=name)
-    return found[0] if found else None
+    link = links.get(ipr, name)
+    return link.index if link is not None else None
 
 
 def delete(ipr: IPRoute, name: str, index: int | None = None) -> bool:
