@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -123,6 +124,7 @@ def run(plugin: str, env: Mapping[str, str], stdin: bytes, netns: int | None = N
         if "prevResult" in config and config["prevResult"] is not None:
             from cni.spec.result import to_current
             req.prev_result = to_current(config["prevResult"], version)
+        _check_not_own_netns(req)
         out = dispatch(req)
         return Reply(out.encode(), err.getvalue().encode(), 0)
     except CNIError as e:
@@ -217,6 +219,27 @@ def _check_env(command: str, env: Mapping[str, str]) -> None:
     if command in ("ADD", "CHECK", "DEL"):
         names.check_container_id(env["CNI_CONTAINERID"])
         names.check_ifname(env["CNI_IFNAME"])
+
+
+def _check_not_own_netns(req: Request) -> None:
+    """ADD and DEL refuse (8) a CNI_NETNS that is the plugin's own network namespace (the
+    caller's, which the daemon's child has entered), unless CNI_NETNS_OVERRIDE is 1 or true: the
+    reference's skel rule. It checks after its cmdAdd/cmdDel ran; this checks before, so the
+    refused request changes nothing. A netns that cannot be stat'd is the plugin's to report."""
+    if req.command not in ("ADD", "DEL") or not req.netns:
+        return
+    if req.env.get("CNI_NETNS_OVERRIDE", "").upper() in ("1", "TRUE"):
+        return
+    try:
+        target = os.fstat(req.netns_fd) if req.netns_fd is not None else os.stat(req.netns)
+        own = os.stat("/proc/thread-self/ns/net")
+    except OSError:
+        return
+    if (target.st_dev, target.st_ino) == (own.st_dev, own.st_ino):
+        raise CNIError(Code.INVALID_NETNS,
+                       "plugin's netns and netns from CNI_NETNS should not be the same",
+                       f"CNI_NETNS={req.netns} is the plugin's own network namespace; "
+                       "set CNI_NETNS_OVERRIDE=1 to allow it")
 
 
 def _gate(command: str, version: str) -> None:

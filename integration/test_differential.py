@@ -36,6 +36,10 @@ literal strings in tests/test_parity.py.
 - DELIBERATE DEL with an empty CNI_NETNS (what containerd's ctr does) leaks the reference's
   masquerade rule (containernetworking/plugins#810); ours leaves nothing.
 - DELIBERATE the IPv6 gateway on the bridge skips DAD; ADD waits until the port forwards.
+- DELIBERATE ADD/DEL into the plugin's own netns (unless CNI_NETNS_OVERRIDE is 1/true) fails
+  with 8 before the plugin runs; the reference's skel (libcni >= 1.2, not the 1.1.1 oracle)
+  checks after cmdAdd/cmdDel, so its refused ADD has already changed the host
+  (tests/test_own_netns.py).
 - the reference 1.1.1 speaks spec <= 1.0.0, so the conflists here do too.
 """
 
