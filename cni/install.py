@@ -10,6 +10,11 @@ marker line stays so bridge still recognises our host-local and runs it in-proce
 Everything written (and every file it replaced with --force, kept as a backup) is recorded in a
 manifest in the bin dir, so uninstall removes exactly that, restores what was replaced, and leaves
 anything else (another vendor's plugin, a file an admin edited since) alone.
+
+On a systemd host (as sd_booted() tells: /run/systemd/system is a directory) install also writes
+conf/pycni.socket and conf/pycni.service into /etc/systemd/system, the service's ExecStart being
+this venv's `pycni daemon`, and enables the socket: the first plugin call starts the daemon, so a
+node is fast by default. `--no-systemd` or PYCNI_SYSTEMD=0 opts out; uninstall disables them.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ ROOT_TAG = "# pycni:root"
 DEFAULT_BIN = Path("/opt/cni/bin")
 DEFAULT_CONF = Path("/etc/cni/net.d")
 DEFAULT_CONFLIST = "10-pycni.conflist"
+SYSTEMD_DIR = Path("/etc/systemd/system")
+UNITS = ("pycni.socket", "pycni.service")
 SHEBANG_MAX = 255  # the kernel reads at most this much of a #! line (BINPRM_BUF_SIZE - 1)
 
 
@@ -69,6 +76,7 @@ class Manifest:
     python: str = ""
     entries: list[Entry] = field(default_factory=list)
     created_dirs: list[str] = field(default_factory=list)
+    systemd: bool = False  # units were installed and enabled: uninstall disables them
 
     @classmethod
     def load(cls, bin_dir: Path) -> Manifest | None:
@@ -78,11 +86,13 @@ class Manifest:
         raw = json.loads(path.read_text())
         return cls(bin_dir=raw["bin_dir"], root=raw.get("root", ""), python=raw.get("python", ""),
                    entries=[Entry(**e) for e in raw.get("entries", [])],
-                   created_dirs=list(raw.get("created_dirs", [])))
+                   created_dirs=list(raw.get("created_dirs", [])),
+                   systemd=bool(raw.get("systemd", False)))
 
     def save(self) -> None:
         data = {"bin_dir": self.bin_dir, "root": self.root, "python": self.python,
-                "entries": [vars(e) for e in self.entries], "created_dirs": self.created_dirs}
+                "entries": [vars(e) for e in self.entries], "created_dirs": self.created_dirs,
+                "systemd": self.systemd}
         _atomic_write(Path(self.bin_dir) / MANIFEST, json.dumps(data, indent=2).encode() + b"\n",
                       0o644)
 
@@ -164,8 +174,34 @@ def render_conflist(src: Path, cni_version: str | None) -> bytes:
     return json.dumps(conf, indent=2).encode() + b"\n"
 
 
+def systemd_dir(requested: Path | None, enabled: bool = True) -> Path | None:
+    """Where the units go: the dir asked for, else /etc/systemd/system on a systemd host; None
+    when opted out (--no-systemd, PYCNI_SYSTEMD=0) or systemd is not running."""
+    if not enabled or os.environ.get("PYCNI_SYSTEMD", "") == "0":
+        return None
+    if requested is not None:
+        return requested.absolute()
+    return SYSTEMD_DIR if Path("/run/systemd/system").is_dir() else None
+
+
+def render_unit(name: str, python: Path) -> bytes:
+    """conf/<name> for this install: the daemon is this venv's `pycni daemon`."""
+    text = (CONF_SRC / name).read_text()
+    pycni = python.parent / "pycni"
+    daemon = f"{pycni} daemon" if pycni.exists() else f"{python} -m cni.cli daemon"
+    out = []
+    for line in text.splitlines():
+        if line.startswith("ExecStart="):
+            line = f"ExecStart={daemon}"
+        elif line.startswith("Documentation=file://"):
+            line = f"Documentation=file://{ROOT / 'README.md'}"
+        out.append(line)
+    return ("\n".join(out) + "\n").encode()
+
+
 def plan(bin_dir: Path, conf_dir: Path | None, conflist: str | None,
-         cni_version: str | None = None, python: Path | None = None) -> list[Planned]:
+         cni_version: str | None = None, python: Path | None = None,
+         units_dir: Path | None = None) -> list[Planned]:
     python = python or venv_python()
     items = [Planned(bin_dir / MULTICALL, "file", render_multicall(python, ROOT))]
     items += [Planned(bin_dir / name, "symlink", target=MULTICALL) for name in registry.NAMES]
@@ -173,17 +209,22 @@ def plan(bin_dir: Path, conf_dir: Path | None, conflist: str | None,
         src = conflist_source(conflist)
         items.append(Planned(conf_dir / src.name, "file", render_conflist(src, cni_version),
                              mode=0o644))
+    if units_dir is not None:
+        items += [Planned(units_dir / u, "file", render_unit(u, python), mode=0o644)
+                  for u in UNITS]
     return items
 
 
 def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
             conflist: str | None = DEFAULT_CONFLIST, *, force: bool = False,
-            cni_version: str | None = None, compile_bytecode: bool = True) -> list[str]:
+            cni_version: str | None = None, compile_bytecode: bool = True,
+            units_dir: Path | None = None) -> list[str]:
     """Install; returns human-readable lines of what was done. Refuses (changing nothing) when a
-    different file is in the way, unless force (which keeps the old one as a backup)."""
+    different file is in the way, unless force (which keeps the old one as a backup). With
+    units_dir (see systemd_dir) the daemon's units go there and the socket is enabled."""
     bin_dir, conf_dir = bin_dir.absolute(), conf_dir.absolute() if conf_dir else None
     python = venv_python()
-    items = plan(bin_dir, conf_dir, conflist, cni_version, python)
+    items = plan(bin_dir, conf_dir, conflist, cni_version, python, units_dir)
     old = Manifest.load(bin_dir)
     conflicts = [it.path for it in items
                  if (it.path.exists() or it.path.is_symlink()) and not it.same_as_disk()
@@ -194,7 +235,7 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
                            " that uninstall restores)")
     manifest = old or Manifest(bin_dir=str(bin_dir))
     manifest.root, manifest.python = str(ROOT), str(python)
-    for d in filter(None, (bin_dir, conf_dir)):
+    for d in filter(None, (bin_dir, conf_dir, units_dir)):
         manifest.created_dirs += [str(p) for p in _make_dirs(d)]
     done = []
     for it in items:
@@ -220,6 +261,13 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
     if compile_bytecode:
         compile_package(python)
         done.append(f"compiled bytecode of {ROOT / 'cni'}")
+    if units_dir is not None:
+        manifest.systemd = True
+        manifest.save()
+        _systemctl("daemon-reload")
+        _systemctl("enable", "--now", "pycni.socket")
+        _systemctl("try-restart", "pycni.service")  # a running daemon takes up the new code
+        done.append("enabled pycni.socket (the first plugin call starts pycni.service)")
     return done
 
 
@@ -230,6 +278,9 @@ def uninstall(bin_dir: Path = DEFAULT_BIN) -> list[str]:
     if manifest is None:
         raise InstallError(f"no pycni install recorded in {bin_dir} ({MANIFEST} missing)")
     done = []
+    if manifest.systemd:
+        _systemctl("disable", "--now", *UNITS, check=False)
+        done.append("disabled and stopped " + " ".join(UNITS))
     for e in reversed(manifest.entries):
         path = Path(e.path)
         if e.matches_disk():
@@ -241,6 +292,8 @@ def uninstall(bin_dir: Path = DEFAULT_BIN) -> list[str]:
         if e.backup and Path(e.backup).exists():
             os.replace(e.backup, path)
             done.append(f"restored {path} from {e.backup}")
+    if manifest.systemd:
+        _systemctl("daemon-reload", check=False)
     (bin_dir / MANIFEST).unlink()
     backups = bin_dir / BACKUPS
     if backups.is_dir() and not any(backups.iterdir()):
@@ -260,6 +313,18 @@ def compile_package(python: Path) -> None:
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise InstallError(f"compileall failed: {proc.stdout}{proc.stderr}")
+
+
+def _systemctl(*args: str, check: bool = True) -> None:
+    try:
+        proc = subprocess.run(["systemctl", *args], capture_output=True, text=True)
+    except OSError as e:
+        if check:
+            raise InstallError(f"systemctl {' '.join(args)}: {e}") from None
+        return
+    if proc.returncode != 0 and check:
+        raise InstallError(f"systemctl {' '.join(args)} failed ({proc.returncode}): "
+                           f"{(proc.stderr or proc.stdout).strip()}")
 
 
 def _keep_backup(bin_dir: Path, path: Path) -> str:

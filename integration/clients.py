@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NODE_SH = ROOT / "integration" / "node.sh"
 VENV_PY = ROOT / ".venv" / "bin" / "python"
 BUSYBOX = Path("/bin/busybox")
-ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"}
+ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
+       "PYCNI_SYSTEMD": "0"}  # scratch installs never touch the host's systemd units
 # The busybox applets the test containers use (a static busybox needs nothing else).
 APPLETS = ("sh", "ip", "ping", "httpd", "sleep", "cat", "ls", "nc", "wget", "hostname", "true")
 

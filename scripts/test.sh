@@ -15,6 +15,8 @@ if [ "${PYCNI_IN_TEST_NS:-}" = 1 ]; then
   mount -t tmpfs -o mode=0700 pycni-test-run /run/pycni
   mount -t tmpfs pycni-test-cni /var/lib/cni
 fi
+# Tests install into scratch dirs: never the host's systemd units (pycni install's default there).
+export PYCNI_SYSTEMD=0
 set +e
 .venv/bin/python -m pytest -p no:cacheprovider "$@"
 rc=$?

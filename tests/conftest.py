@@ -1,10 +1,14 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
 from cnitest import Netns, Plugins, can_use_netns, delete_netns, forget_deleted_markers, new_netns
+
+# `pycni install` enables systemd units on a systemd host: installs made by tests never do.
+os.environ.setdefault("PYCNI_SYSTEMD", "0")
 
 
 @functools.cache

@@ -212,3 +212,104 @@ def test_doctor_checks_the_configured_daemon_socket(tmp_path, monkeypatch) -> No
         assert finding.status == doctor.FAIL and "not root-only" in finding.detail
     finally:
         srv.close()
+
+
+# --- systemd units ----------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_systemctl(tmp_path: Path, monkeypatch) -> Path:
+    """A `systemctl` first on PATH that logs each call's argv, one line per call."""
+    tools, log = tmp_path / "tools", tmp_path / "systemctl.log"
+    tools.mkdir()
+    (tools / "systemctl").write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    (tools / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    monkeypatch.delenv("PYCNI_SYSTEMD", raising=False)
+    return log
+
+
+def test_install_writes_and_enables_units_and_uninstall_reverses(dirs, tmp_path,
+                                                                 fake_systemctl) -> None:
+    bin_dir, conf_dir, src = dirs
+    units = tmp_path / "etc" / "systemd" / "system"
+    units.mkdir(parents=True)
+    before = snapshot(bin_dir, conf_dir, units)
+    code, out = cli("install", "--bin-dir", str(bin_dir), "--conf-dir", str(conf_dir),
+                    "--conflist", str(src), "--no-compile", "--systemd-dir", str(units))
+    assert code == 0, out
+    service = (units / "pycni.service").read_text()
+    daemon = ROOT / ".venv" / "bin" / "pycni"
+    assert f"\nExecStart={daemon} daemon\n" in service
+    assert "Type=notify" in service
+    socket_unit = (units / "pycni.socket").read_text()
+    assert "ListenStream=/run/pycni/pycni.sock" in socket_unit
+    assert f"Documentation=file://{ROOT / 'README.md'}" in socket_unit
+    assert fake_systemctl.read_text().splitlines() == [
+        "daemon-reload", "enable --now pycni.socket", "try-restart pycni.service"]
+    manifest = json.loads((bin_dir / inst.MANIFEST).read_text())
+    assert manifest["systemd"] is True
+    assert {str(units / u) for u in inst.UNITS} <= {e["path"] for e in manifest["entries"]}
+
+    code, out = cli("uninstall", "--bin-dir", str(bin_dir))
+    assert code == 0, out
+    assert fake_systemctl.read_text().splitlines()[3:] == [
+        "disable --now pycni.socket pycni.service", "daemon-reload"]
+    assert snapshot(bin_dir, conf_dir, units) == before
+
+
+def test_a_different_unit_is_refused_without_force(dirs, tmp_path, fake_systemctl) -> None:
+    bin_dir, conf_dir, src = dirs
+    units = tmp_path / "units"
+    units.mkdir()
+    (units / "pycni.service").write_text("[Service]\nExecStart=/usr/local/bin/mine\n")
+    with pytest.raises(inst.InstallError, match="pycni.service"):
+        inst.install(bin_dir, conf_dir, str(src), compile_bytecode=False, units_dir=units)
+    assert not fake_systemctl.exists()  # refused before anything ran
+    assert not (units / "pycni.socket").exists()
+    inst.install(bin_dir, conf_dir, str(src), compile_bytecode=False, units_dir=units,
+                 force=True)
+    inst.uninstall(bin_dir)
+    assert (units / "pycni.service").read_text() == "[Service]\nExecStart=/usr/local/bin/mine\n"
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_opting_out_writes_no_units_and_runs_no_systemctl(dirs, tmp_path, fake_systemctl,
+                                                          monkeypatch, how) -> None:
+    bin_dir, conf_dir, src = dirs
+    units = tmp_path / "units"
+    args = ["install", "--bin-dir", str(bin_dir), "--conf-dir", str(conf_dir), "--conflist",
+            str(src), "--no-compile", "--systemd-dir", str(units)]
+    if how == "flag":
+        args.append("--no-systemd")
+    else:
+        monkeypatch.setenv("PYCNI_SYSTEMD", "0")
+    code, out = cli(*args)
+    assert code == 0, out
+    assert not units.exists() and not fake_systemctl.exists()
+    assert json.loads((bin_dir / inst.MANIFEST).read_text())["systemd"] is False
+
+
+def test_systemd_is_detected_as_sd_booted_does(monkeypatch) -> None:
+    monkeypatch.delenv("PYCNI_SYSTEMD", raising=False)
+    booted = Path("/run/systemd/system").is_dir()
+    assert inst.systemd_dir(None) == (inst.SYSTEMD_DIR if booted else None)
+    assert inst.systemd_dir(None, enabled=False) is None
+    monkeypatch.setenv("PYCNI_SYSTEMD", "0")
+    assert inst.systemd_dir(Path("/x")) is None
+
+
+def test_a_failing_systemctl_is_an_install_error(dirs, tmp_path, monkeypatch) -> None:
+    bin_dir, conf_dir, src = dirs
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "systemctl").write_text("#!/bin/sh\necho 'System has not been booted' >&2\nexit 1\n")
+    (tools / "systemctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    monkeypatch.delenv("PYCNI_SYSTEMD", raising=False)
+    code, out = cli("install", "--bin-dir", str(bin_dir), "--conf-dir", str(conf_dir),
+                    "--conflist", str(src), "--no-compile", "--systemd-dir",
+                    str(tmp_path / "units"))
+    assert code == 1
+    assert "systemctl daemon-reload failed (1): System has not been booted" in out
+    inst.uninstall(bin_dir)  # what was written is recorded, so it can be taken back
+    assert not (tmp_path / "units" / "pycni.service").exists()

@@ -24,12 +24,19 @@ from cni import install as inst
 @click.option("--force", is_flag=True,
               help="Replace different existing files (kept as backups uninstall restores).")
 @click.option("--no-compile", is_flag=True, help="Skip compiling the package's bytecode.")
+@click.option("--no-systemd", is_flag=True,
+              help="Do not install or enable the daemon's systemd units (also PYCNI_SYSTEMD=0).")
+@click.option("--systemd-dir", type=click.Path(path_type=Path), default=None,
+              help="Install the units here and enable them even if systemd is not detected "
+                   "[default: /etc/systemd/system on a systemd host, else none].")
 def install(bin_dir: Path, conf_dir: Path, conflist: str, cni_version: str | None, force: bool,
-            no_compile: bool) -> None:
-    """Install the plugins into BIN_DIR and a conflist into CONF_DIR."""
+            no_compile: bool, no_systemd: bool, systemd_dir: Path | None) -> None:
+    """Install the plugins into BIN_DIR and a conflist into CONF_DIR; on a systemd host, also
+    pycni.socket and pycni.service, with the socket enabled (the daemon starts on first use)."""
+    units = inst.systemd_dir(systemd_dir, enabled=not no_systemd)
     _report("install", lambda: inst.install(bin_dir, conf_dir, conflist or None, force=force,
                                             cni_version=cni_version,
-                                            compile_bytecode=not no_compile))
+                                            compile_bytecode=not no_compile, units_dir=units))
 
 
 @click.command()
