@@ -295,6 +295,36 @@ def test_vlan_access_and_trunk_ports(plugins, host, netns_factory, tmp_path) -> 
     assert {200, 201, 202, 300} == set(got)
 
 
+def test_vlan_traffic_stays_in_its_vlan(plugins, host, netns_factory, tmp_path) -> None:
+    """Two networks on one bridge and one subnet, VLAN 10 and VLAN 20, no gateway (so nothing
+    routes between them): pods in VLAN 10 reach each other, the VLAN 20 pod reaches neither."""
+    if not vlan_filtering_supported(host):
+        pytest.skip("kernel built without bridge VLAN filtering")
+    a, b, c = (netns_factory("pycni-pod") for _ in range(3))
+
+    def vlan_net(name: str, vlan: int, start: str, end: str) -> dict:
+        net = conf(tmp_path, ranges=[[{"subnet": "10.23.0.0/24", "rangeStart": start,
+                                       "rangeEnd": end}]], vlan=vlan, isGateway=False)
+        return net | {"name": name}
+
+    ten = vlan_net("vlan10net", 10, "10.23.0.10", "10.23.0.49")
+    twenty = vlan_net("vlan20net", 20, "10.23.0.50", "10.23.0.99")
+    ra = add(plugins, ten, a, container_id="a")
+    rb = add(plugins, ten, b, container_id="b")
+    rc = add(plugins, twenty, c, container_id="c")
+    vlans = bridge_vlans(host)
+    assert vlans[ra["interfaces"][1]["name"]][0]["vlan"] == 10
+    assert vlans[rc["interfaces"][1]["name"]][0]["vlan"] == 20
+    ping(a, addr_of(rb, 4))
+    ping(b, addr_of(ra, 4))
+    for src, dst in ((c, ra), (c, rb), (a, rc)):
+        lost = src.run("ping", "-c2", "-W1", addr_of(dst, 4), check=False)
+        assert lost.returncode != 0, lost.stdout
+    for net, pod, cid in ((ten, a, "a"), (ten, b, "b"), (twenty, c, "c")):
+        plugins.ok("bridge", "DEL", net, netns=pod.path, path=ipam_path(), container_id=cid)
+    assert reservations(tmp_path, "vlan10net") == reservations(tmp_path, "vlan20net") == []
+
+
 # --- masquerade ------------------------------------------------------------------------------
 
 def wire_outside(host, netns_factory):
