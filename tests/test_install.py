@@ -180,8 +180,11 @@ def test_doctor_reports_and_fails_on_a_missing_requirement(tmp_path, monkeypatch
 
 @pytest.mark.root
 def test_doctor_probes_kernel_in_a_throwaway_netns(tmp_path) -> None:
-    def real_state() -> tuple[str, str, str]:
-        return (subprocess.run(["ip", "-d", "link"], capture_output=True, text=True).stdout,
+    def real_state() -> tuple[list, str, str]:
+        # Links by name and kind: `ip -d link`'s bridge timers (virbr0's gc_timer) tick.
+        links = json.loads(subprocess.run(["ip", "-j", "-d", "link"], capture_output=True,
+                                          text=True).stdout)
+        return ([(link["ifname"], link.get("linkinfo", {}).get("info_kind")) for link in links],
                 subprocess.run(["tc", "qdisc"], capture_output=True, text=True).stdout,
                 subprocess.run(["nft", "list", "ruleset"], capture_output=True, text=True).stdout)
 
