@@ -112,7 +112,7 @@ def run_child(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes, 
         if runner is None:
             from cni import skel
             runner = skel.run
-        reply = runner(plugin, env, stdin, by_role.get(proto.ROLE_NETNS))
+        reply = runner(plugin, env, stdin, netns_fd(by_role))
         set_name(DONE)  # the parent must not take the caller's close for a hang-up now
         conn.sendall(proto.encode_reply(reply.code, reply.stdout, reply.stderr))
         code = 0
@@ -140,6 +140,13 @@ def enter_caller(by_role: dict[int, int], env: dict[str, str], umask: int) -> No
         except ValueError:
             continue  # a name putenv refuses: skel still sees it in `env`
     os.umask(umask)
+
+
+def netns_fd(by_role: dict[int, int]) -> int | None:
+    """The shim's open CNI_NETNS if it is a network namespace; else None: the plugin opens the
+    path itself and answers exactly as in-process (the shim does not check, to stay cheap)."""
+    fd = by_role.get(proto.ROLE_NETNS)
+    return fd if fd is not None and nsfd.is_netns(fd) else None
 
 
 def is_current(fd: int, kind: str) -> bool:

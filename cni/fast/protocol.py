@@ -1,4 +1,5 @@
-"""The wire format between the shim and the daemon. Stdlib only (struct), imported by both.
+"""The wire format between the shim and the daemon. Imported by both, so builtins only: the
+shim would pay ~0.3 ms a request to load _struct, hence the small big-endian codec below.
 
 One request per connection, on a unix stream socket:
 
@@ -13,13 +14,36 @@ in-process; after it, the request may have run, so a lost reply is a CNI error (
 never a second run. A REPLY without an ACK is the daemon refusing the request (not run either).
 """
 
-import struct
+
+class Header:
+    """Fixed big-endian integer fields, struct.Struct's pack/unpack_from/size for formats
+    like "!IIIBI" (I: u32, i: s32, B: u8), without loading _struct."""
+
+    _WIDTHS = {"I": (4, False), "i": (4, True), "B": (1, False)}
+
+    def __init__(self, fmt: str) -> None:
+        self.fields = [self._WIDTHS[c] for c in fmt.lstrip("!")]
+        self.size = sum(width for width, _ in self.fields)
+
+    def pack(self, *values: int) -> bytes:
+        return b"".join(v.to_bytes(width, "big", signed=signed)
+                        for v, (width, signed) in zip(values, self.fields, strict=True))
+
+    def unpack_from(self, data: bytes, offset: int = 0) -> tuple[int, ...]:
+        if len(data) - offset < self.size:
+            raise ValueError(f"need {self.size} bytes at offset {offset}")
+        out = []
+        for width, signed in self.fields:
+            out.append(int.from_bytes(data[offset:offset + width], "big", signed=signed))
+            offset += width
+        return tuple(out)
+
 
 MAGIC = b"PYCNI\x01"
 ACK = b"A"
 REPLY = b"R"
-REQ_HEADER = struct.Struct("!IIIBI")
-REPLY_HEADER = struct.Struct("!iII")
+REQ_HEADER = Header("!IIIBI")
+REPLY_HEADER = Header("!iII")
 REQ_PREFIX = len(MAGIC) + REQ_HEADER.size
 REPLY_PREFIX = len(REPLY) + REPLY_HEADER.size
 

@@ -1,5 +1,5 @@
-"""The executables' fast path. Stdlib only, and only the cheap parts of it (_socket, struct,
-both loaded on the daemon path only: VERSION imports neither).
+"""The executables' fast path. Stdlib only, and only the cheap parts of it (_socket, loaded on
+the daemon path only: VERSION does not import it).
 
 - VERSION: answered here without importing json, re, dataclasses or cni.skel (they cost more
   than the interpreter's own start-up); anything unusual on stdin is left to skel.
@@ -139,7 +139,7 @@ def call_daemon(plugin: str, stdin: bytes, path: str) -> Reply | None:
 def _send_request(sock, plugin: str, stdin: bytes) -> bool:
     """Send the request with its fds; False if the daemon hung up first (it cannot have run)."""
     import _socket
-    import struct
+    import sys
 
     from cni.fast import protocol as proto
 
@@ -149,7 +149,8 @@ def _send_request(sock, plugin: str, stdin: bytes) -> bool:
         umask = os.umask(0o022)
         os.umask(umask)
         data = proto.encode_request(plugin, env, stdin, roles, umask)
-        rights = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
+        packed = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds)  # int[]
+        rights = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, packed)]
         sent = sock.sendmsg([data], rights)
         view = memoryview(data)
         while sent < len(data):  # fds went with the first bytes; the rest is plain data
@@ -184,17 +185,13 @@ def open_fds(netns: str) -> tuple[int, list[int]]:
 
 
 def open_netns(path: str) -> int | None:
-    """CNI_NETNS as an fd if it is a network namespace; None leaves the error to the plugin."""
-    from cni.host import nsfd
-
+    """CNI_NETNS as an fd; None leaves the error to the plugin. Whether it is a network
+    namespace is the daemon's child's to check (fcntl is loaded there, not here): one that is
+    not is dropped and the plugin opens the path itself, as in-process."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # never block on a FIFO
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # never block on a FIFO
     except OSError:
         return None
-    if nsfd.is_netns(fd):
-        return fd
-    os.close(fd)
-    return None
 
 
 def _receive(sock, stdin: bytes) -> Reply | None:
