@@ -8,10 +8,11 @@ import logging
 
 log = logging.getLogger("pycni.daemon")
 
-HEAVY_MODULES = ("pyroute2", "pyroute2.iproute", "pydantic", "nftables", "cni.skel")
+# cni.host.nlsync: pyroute2's IPRoute, imported by submodule (lean_pyroute2: not its __init__).
+HEAVY_MODULES = ("cni.host.nlsync", "pydantic", "nftables", "cni.skel")
 # Imported inside functions on the request path: imported here, or every child pays for it
 # (bandwidth's tc/ifb/peer alone cost ~3 ms a request: module bodies, dataclass builds).
-LAZY_MODULES = ("pyroute2.conntrack", "pyroute2.netlink.exceptions",
+LAZY_MODULES = ("cni.host.nlsync_conntrack", "pyroute2.netlink.exceptions",
                 "pyroute2.netlink.nfnetlink.nfctsocket", "pyroute2.netlink.rtnl.tcmsg",
                 "traceback")
 PACKAGES = ("cni.spec", "cni.host", "cni.ipam", "cni.plugins")  # every module in them, too

@@ -27,7 +27,7 @@ def delete_udp_dport(family: int, ports: Iterable[int]) -> int:
     from pyroute2.netlink.exceptions import NetlinkError
     from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
 
-    from cni.host.nlsync import SyncConntrack  # pyroute2's Conntrack without an event loop
+    from cni.host.nlsync_conntrack import SyncConntrack  # no event loop; installs lean_pyroute2
 
     af = _AF[family]
     deleted = 0

@@ -23,7 +23,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from cni.host import masq, nft
+from cni.host import lean_pyroute2, masq, nft
+
+lean_pyroute2.install()  # pyroute2 is imported below by submodule only (see lean_pyroute2)
 
 TABLE = "cni_hostport"
 HOSTPORTS = "hostports"

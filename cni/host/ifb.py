@@ -56,7 +56,7 @@ def lookup(ipr: IPRoute, name: str) -> int | None:
 def delete(ipr: IPRoute, name: str, index: int | None = None) -> bool:
     """Delete the link by name (or by `index`, when the caller just looked it up); False if it
     was not there."""
-    from pyroute2 import NetlinkError
+    from pyroute2.netlink.exceptions import NetlinkError
 
     if index is None:
         index = lookup(ipr, name)

@@ -13,8 +13,11 @@ from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from cni.host import lean_pyroute2
 from cni.host.errors import NamespaceError, NamespaceMissing
 from cni.host.nsfd import is_netns, setns
+
+lean_pyroute2.install()  # pyroute2 is imported below by submodule only (see lean_pyroute2)
 
 if TYPE_CHECKING:
     from pyroute2 import IPRoute

@@ -9,9 +9,9 @@ waiting for the reply; here that wait is a blocking recv, so each coroutine runs
 in one step and no loop is needed. Everything else (request building, NLA encoding, message
 parsing, NetlinkError) is pyroute2's own code.
 
-Used for the sockets cni.host.netns hands out, and for conntrack (portmap's UDP flush). They
-subscribe to no multicast group: the only messages a socket receives are replies to its own
-requests.
+Used for the sockets cni.host.netns hands out, and for conntrack (portmap's UDP flush,
+nlsync_conntrack.py: its import is kept off the other plugins' path). They subscribe to no
+multicast group: the only messages a socket receives are replies to its own requests.
 """
 
 from __future__ import annotations
@@ -22,14 +22,16 @@ import struct
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any
 
-from pyroute2 import Conntrack, IPRoute
-from pyroute2.conntrack import AsyncConntrack
-from pyroute2.iproute.linux import AsyncIPRoute
-from pyroute2.netlink import NLM_F_MULTI
-from pyroute2.netlink.core import Stats
-from pyroute2.netlink.exceptions import NetlinkError
+from cni.host import lean_pyroute2
 
-from cni.host.rtnl import Rtnl
+lean_pyroute2.install()  # before any pyroute2 import: its submodules only
+
+from pyroute2.iproute.linux import AsyncIPRoute, IPRoute  # noqa: E402
+from pyroute2.netlink import NLM_F_MULTI  # noqa: E402
+from pyroute2.netlink.core import Stats  # noqa: E402
+from pyroute2.netlink.exceptions import NetlinkError  # noqa: E402
+
+from cni.host.rtnl import Rtnl  # noqa: E402
 
 _NLMSG_HEADER = struct.Struct("IHHII")  # length, type, flags, sequence number, port id
 _RCVSIZE = 1 << 16
@@ -188,10 +190,6 @@ class _AsyncIPRoute(_LoopFree, AsyncIPRoute):
     pass
 
 
-class _AsyncConntrack(_LoopFree, AsyncConntrack):
-    pass
-
-
 class SyncIPRoute(_Driven, IPRoute):
     """IPRoute's API (link, addr, route, tc, get_links ...) with no event loop behind it."""
 
@@ -211,11 +209,3 @@ class SyncIPRoute(_Driven, IPRoute):
             if e.errno is None:
                 raise
             raise NetlinkError(e.errno) from None
-
-
-class SyncConntrack(_Driven, Conntrack):
-    """pyroute2's Conntrack (dump_entries, delete ...) with no event loop behind it."""
-
-    def __init__(self, nfgen_family: int) -> None:  # not super().__init__(), as SyncIPRoute
-        self.asyncore = _AsyncConntrack(nfgen_family=nfgen_family, flags=0)
-        self.asyncore.socket  # noqa: B018 - opened now, in the namespace we are in

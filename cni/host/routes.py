@@ -6,7 +6,10 @@ import errno
 import ipaddress
 import socket
 
+from cni.host import lean_pyroute2
 from cni.host.errors import HostError
+
+lean_pyroute2.install()  # pyroute2 is imported below by submodule only (see lean_pyroute2)
 
 RTPROT_BOOT = 3
 

@@ -16,8 +16,12 @@ import errno
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cni.host import lean_pyroute2
+
 if TYPE_CHECKING:
     from pyroute2 import IPRoute
+
+lean_pyroute2.install()  # pyroute2 is imported below by submodule only (see lean_pyroute2)
 
 TIME_UNITS_PER_SEC = 1_000_000
 LATENCY_USEC = 25_000.0  # the reference's fixed 25 ms
@@ -213,7 +217,7 @@ def delete_ingress(ipr: IPRoute, index: int) -> None:
 
 
 def _ignore_missing(call) -> None:
-    from pyroute2 import NetlinkError
+    from pyroute2.netlink.exceptions import NetlinkError
 
     try:
         call()
