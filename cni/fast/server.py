@@ -198,6 +198,9 @@ class Server:
                 p.refused = f"the pycni daemon serves root only (peer uid {uid})"
             self.pending[conn.fileno()] = p
             self.sel.register(conn, selectors.EVENT_READ, self._read)
+            # The shim sends its request right after connect: it is usually here already, and
+            # reading it now saves a trip around the loop (select, reap, expire, ...).
+            self._read(conn)
 
     def _read(self, conn: socket.socket) -> None:
         fd = conn.fileno()

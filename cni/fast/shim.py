@@ -122,44 +122,48 @@ def call_daemon(plugin: str, stdin: bytes, path: str) -> Reply | None:
     """The daemon's reply, or None when it never accepted the request (then nothing ran)."""
     import _socket
 
+    # Built before connecting: the request is then in the socket the moment the daemon
+    # accepts, and the daemon reads it in the same step.
+    roles, fds = open_fds(os.environ.get("CNI_NETNS", ""))
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
+        data = _request(plugin, stdin, roles)
         sock.settimeout(ACCEPT_TIMEOUT)
         try:
             sock.connect(path)
         except OSError:
             return None  # missing, refused, not allowed, backlog full: no daemon for us
-        if not _send_request(sock, plugin, stdin):
+        if not _send(sock, data, fds):
             return None
         return _receive(sock, stdin)
     finally:
         sock.close()
+        for fd in fds:
+            os.close(fd)
 
 
-def _send_request(sock, plugin: str, stdin: bytes) -> bool:
+def _request(plugin: str, stdin: bytes, roles: int) -> bytes:
+    from cni.fast import protocol as proto
+
+    env = proto.encode_env(dict(os.environb))
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return proto.encode_request(plugin, env, stdin, roles, umask)
+
+
+def _send(sock, data: bytes, fds: list[int]) -> bool:
     """Send the request with its fds; False if the daemon hung up first (it cannot have run)."""
     import _socket
     import sys
 
-    from cni.fast import protocol as proto
-
-    roles, fds = open_fds(os.environ.get("CNI_NETNS", ""))
+    packed = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds)  # int[]
     try:
-        env = proto.encode_env(dict(os.environb))
-        umask = os.umask(0o022)
-        os.umask(umask)
-        data = proto.encode_request(plugin, env, stdin, roles, umask)
-        packed = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds)  # int[]
-        rights = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, packed)]
-        sent = sock.sendmsg([data], rights)
+        sent = sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, packed)])
         view = memoryview(data)
         while sent < len(data):  # fds went with the first bytes; the rest is plain data
             sent += sock.send(view[sent:])
     except OSError:
         return False
-    finally:
-        for fd in fds:
-            os.close(fd)
     return True
 
 
