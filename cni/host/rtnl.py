@@ -4,7 +4,8 @@ loopback runs in every pod and makes three requests (look lo up, set it up, list
 Through pyroute2 that costs its import (~200 ms without the daemon) and ~4 ms of CPU per request
 in the daemon; here it is a few struct packs and three round trips. Reading a link (links.get,
 nine times in a bridge ADD) costs ~1 ms of CPU in pyroute2's decoder, ~0.07 ms here: SyncIPRoute
-does it with this client on its own socket.
+does it with this client on its own socket. The same for bandwidth's tc reads (qdiscs, redirect
+filters): pyroute2 decoded every qdisc of the host for each (~half of a bandwidth CHECK).
 """
 
 from __future__ import annotations
@@ -36,12 +37,25 @@ IFLA_INFO_SLAVE_DATA = 5
 IFLA_BRPORT_STATE = 1
 IFA_ADDRESS = 1
 IFF_UP = 0x1
+RTM_NEWQDISC = 36
+RTM_GETQDISC = 38
+RTM_NEWTFILTER = 44
+RTM_GETTFILTER = 46
+TCA_KIND = 1
+TCA_OPTIONS = 2
+TCA_U32_ACT = 7
+TCA_ACT_KIND = 1
+TCA_ACT_OPTIONS = 2
+TCA_MIRRED_PARMS = 2
+_MIRRED_IFINDEX = 24  # struct tc_mirred: tc_gen (5 x 32 bits), eaction, then ifindex
+NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
 # IF_OPER_* by value, as pyroute2 names them
 OPERSTATES = ("UNKNOWN", "NOTPRESENT", "DOWN", "LOWERLAYERDOWN", "TESTING", "DORMANT", "UP")
 
 _HDR = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, seq, port id
 _IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
 _IFADDR = struct.Struct("=BBBBI")  # ifaddrmsg: family, prefixlen, flags, scope, index
+_TCMSG = struct.Struct("=BxHiIII")  # tcmsg: family, pads, ifindex, handle, parent, info
 _RTA = struct.Struct("=HH")  # rtattr: length, type
 _ERRNO = struct.Struct("=i")
 _U32 = struct.Struct("=I")
@@ -64,6 +78,18 @@ def attrs(data: bytes, offset: int) -> dict[int, bytes]:
         if size < _RTA.size:
             break
         out.setdefault(kind, data[offset + _RTA.size:offset + size])
+        offset += _align(size)
+    return out
+
+
+def attr_list(data: bytes, offset: int = 0) -> list[tuple[int, bytes]]:
+    """Every rtattr from `offset` on, in order, types without the nested/byte-order flags."""
+    out: list[tuple[int, bytes]] = []
+    while offset + _RTA.size <= len(data):
+        size, kind = _RTA.unpack_from(data, offset)
+        if size < _RTA.size:
+            break
+        out.append((kind & NLA_TYPE_MASK, data[offset + _RTA.size:offset + size]))
         offset += _align(size)
     return out
 
@@ -179,3 +205,37 @@ class Rtnl:
             if ifindex == index and family in found and address is not None:
                 found[family].append(f"{socket.inet_ntop(family, address)}/{prefixlen}")
         return found[socket.AF_INET] + found[socket.AF_INET6]
+
+    def qdiscs(self, index: int) -> list[tuple[int, str, dict[int, bytes]]]:
+        """The link's qdiscs as (parent, kind, options by type). The kernel dumps every link's:
+        kept only those of `index`, unparsed beyond their kind for the others."""
+        found = []
+        body = _TCMSG.pack(0, 0, index, 0, 0, 0)
+        for mtype, payload in self.request(RTM_GETQDISC, NLM_F_DUMP, body):
+            _, _, ifindex, _, parent, _ = _TCMSG.unpack_from(payload)
+            if mtype != RTM_NEWQDISC or ifindex != index:
+                continue
+            nla = dict(attr_list(payload, _TCMSG.size))
+            found.append((parent, _text(nla.get(TCA_KIND, b"")),
+                          dict(attr_list(nla.get(TCA_OPTIONS, b"")))))
+        return found
+
+    def filter_redirects(self, index: int, parent: int) -> list[list[int]]:
+        """The link's filters under `parent` (one per message the kernel dumps), each as the
+        ifindexes its mirred actions send to."""
+        found = []
+        body = _TCMSG.pack(0, 0, index, 0, parent, 0)
+        for mtype, payload in self.request(RTM_GETTFILTER, NLM_F_DUMP, body):
+            if mtype != RTM_NEWTFILTER:
+                continue
+            targets: list[int] = []
+            found.append(targets)
+            options = dict(attr_list(payload, _TCMSG.size)).get(TCA_OPTIONS, b"")
+            for _, action in attr_list(dict(attr_list(options)).get(TCA_U32_ACT, b"")):
+                act = dict(attr_list(action))
+                if _text(act.get(TCA_ACT_KIND, b"")) != "mirred":
+                    continue
+                parms = dict(attr_list(act.get(TCA_ACT_OPTIONS, b""))).get(TCA_MIRRED_PARMS)
+                if parms is not None and len(parms) >= _MIRRED_IFINDEX + 4:
+                    targets.append(_U32.unpack_from(parms, _MIRRED_IFINDEX)[0])
+        return found

@@ -13,10 +13,12 @@ no rate table, as the reference does not.
 from __future__ import annotations
 
 import errno
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cni.host import lean_pyroute2
+from cni.host.rtnl import Rtnl
 
 if TYPE_CHECKING:
     from pyroute2 import IPRoute
@@ -142,6 +144,8 @@ def add_tbf(ipr: IPRoute, index: int, tbf: Tbf) -> None:
 
 def read_tbf(ipr: IPRoute, index: int) -> Tbf | None:
     """The root tbf of the link as the kernel reports it, or None if the root is not tbf."""
+    if hasattr(ipr, "raw"):  # SyncIPRoute: read without pyroute2's decoder (see rtnl.py)
+        return _raw_tbf(ipr.raw, index)
     for q in ipr.get_qdiscs(index):
         if q["parent"] != TC_H_ROOT or q.get_attr("TCA_KIND") != "tbf":
             continue
@@ -156,7 +160,28 @@ def read_tbf(ipr: IPRoute, index: int) -> Tbf | None:
     return None
 
 
+_TBF_PARMS, _TBF_RATE64 = 1, 4  # TCA_TBF_*
+_U32, _U64 = struct.Struct("=I"), struct.Struct("=Q")
+
+
+def _raw_tbf(raw: Rtnl, index: int) -> Tbf | None:
+    """read_tbf over rtnl.py: struct tc_tbf_qopt is rate (a tc_ratespec, its u32 rate at
+    8), peakrate, limit (at 24), buffer (at 28), mtu; a rate64 attribute overrides the rate."""
+    for parent, kind, options in raw.qdiscs(index):
+        parms = options.get(_TBF_PARMS)
+        if parent != TC_H_ROOT or kind != "tbf" or parms is None or len(parms) < 32:
+            continue
+        rate64 = options.get(_TBF_RATE64)
+        rate = _U64.unpack_from(rate64)[0] if rate64 and len(rate64) >= 8 else 0
+        return Tbf(rate=rate or _U32.unpack_from(parms, 8)[0],
+                   limit=_U32.unpack_from(parms, 24)[0], buffer=_U32.unpack_from(parms, 28)[0])
+    return None
+
+
 def root_kind(ipr: IPRoute, index: int) -> str | None:
+    if hasattr(ipr, "raw"):
+        return next((kind for parent, kind, _ in ipr.raw.qdiscs(index) if parent == TC_H_ROOT),
+                    None)
     for q in ipr.get_qdiscs(index):
         if q["parent"] == TC_H_ROOT:
             return q.get_attr("TCA_KIND")
@@ -164,6 +189,8 @@ def root_kind(ipr: IPRoute, index: int) -> str | None:
 
 
 def has_ingress(ipr: IPRoute, index: int) -> bool:
+    if hasattr(ipr, "raw"):
+        return any(parent == TC_H_INGRESS for parent, _, _ in ipr.raw.qdiscs(index))
     return any(q["parent"] == TC_H_INGRESS for q in ipr.get_qdiscs(index))
 
 
@@ -182,12 +209,17 @@ def add_redirect(ipr: IPRoute, index: int, target: int) -> None:
 
 def redirect_targets(ipr: IPRoute, index: int) -> list[int]:
     """Ifindexes the link's ingress filters redirect to (mirred actions)."""
+    if hasattr(ipr, "raw"):
+        return [t for f in ipr.raw.filter_redirects(index, INGRESS_HANDLE) for t in f]
     return _mirred_targets(ipr.get_filters(index=index, parent=INGRESS_HANDLE))
 
 
 def ingress_is_for(ipr: IPRoute, index: int, target: int) -> bool:
     """Whether the link's ingress qdisc belongs to a redirect to `target`: it redirects there,
     or it has no filter at all (an ADD killed between the qdisc and its redirect leaves that)."""
+    if hasattr(ipr, "raw"):
+        found = ipr.raw.filter_redirects(index, INGRESS_HANDLE)
+        return any(target in f for f in found) if found else has_ingress(ipr, index)
     filters = list(ipr.get_filters(index=index, parent=INGRESS_HANDLE))
     return target in _mirred_targets(filters) if filters else has_ingress(ipr, index)
 
