@@ -105,6 +105,11 @@ def _modules_of(packages: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(names)
 
 
+WARM_UP_ENV = {"CNI_COMMAND": "CHECK", "CNI_CONTAINERID": "pycni-warm-up",
+               "CNI_NETNS": "/proc/self/ns/net", "CNI_IFNAME": "lo", "CNI_PATH": "/nonexistent"}
+WARM_UP_CONFIG = b'{"cniVersion":"1.1.0","name":"pycni-warm-up","type":"loopback"}'
+
+
 def warm_up(netlink: bool = True) -> None:
     """Touch what every request touches: skel and the plugin modules; with `netlink`, a
     netlink socket too (read-only, own netns). The parent does it all once before it forks;
@@ -116,6 +121,10 @@ def warm_up(netlink: bool = True) -> None:
 
     for plugin in PLUGINS:
         skel.run(plugin, {"CNI_COMMAND": "VERSION"}, b'{"cniVersion":"1.0.0"}')
+    # One real request, read-only: loopback CHECK of our own namespace's lo. It walks what every
+    # request walks (env and config checks, keys, netns.entered, rtnl): a request after it
+    # runs in about half the time (loopback ADD in a spare: ~1.0 -> ~0.5 ms).
+    skel.run("loopback", WARM_UP_ENV, WARM_UP_CONFIG)
     try:
         with netns.iproute() as ipr:
             if netlink:
