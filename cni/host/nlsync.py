@@ -35,6 +35,7 @@ from cni.host.rtnl import Rtnl  # noqa: E402
 
 _NLMSG_HEADER = struct.Struct("IHHII")  # length, type, flags, sequence number, port id
 _RCVSIZE = 1 << 16
+_BUFSIZE = 1 << 20
 
 
 def run(coro: Coroutine) -> Any:
@@ -191,14 +192,34 @@ class _AsyncIPRoute(_LoopFree, AsyncIPRoute):
 
 
 class SyncIPRoute(_Driven, IPRoute):
-    """IPRoute's API (link, addr, route, tc, get_links ...) with no event loop behind it."""
+    """IPRoute's API (link, addr, route, tc, get_links ...) with no event loop behind it.
+
+    The socket is made at once, in the namespace the thread is in; pyroute2's side of it (its
+    request and message machinery, ~0.3 ms of CPU and more in a fresh child) only on the first
+    call that needs it: a request that only reads links and qdiscs (through `raw`, rtnl.py),
+    as bandwidth's CHECK, never builds it."""
 
     def __init__(self) -> None:  # not super().__init__(): it would build the loop we avoid
-        # No events; flags=0: never O_CREAT a namespace.
-        self.asyncore = _AsyncIPRoute(groups=0, flags=0)
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC,
+                             socket.NETLINK_ROUTE)
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):  # pyroute2's own sizes
+            sock.setsockopt(socket.SOL_SOCKET, option, _BUFSIZE)
         # The stdlib client for link reads, on this socket; its sequence numbers start above
         # pyroute2's (AddrPool: 0xff-0xffff), and each side reads its replies to the end.
-        self.raw = Rtnl(self.asyncore.socket, seq=1 << 20)
+        self.raw = Rtnl(sock, seq=1 << 20)
+        self._core: _AsyncIPRoute | None = None
+
+    @property
+    def asyncore(self) -> _AsyncIPRoute:
+        if self._core is None:  # no events; flags=0: never O_CREAT a namespace
+            self._core = _AsyncIPRoute(groups=0, flags=0, use_socket=self.raw.sock)
+        return self._core
+
+    def close(self, code: int = errno.ECONNRESET) -> None:
+        if self._core is None:
+            self.raw.sock.close()
+        else:
+            super().close(code)
 
     def link_fields(self, name: str | None = None, index: int = 0) -> dict[str, Any] | None:
         """A link's fields (links.Link) without pyroute2's decoder; None if it is missing.
