@@ -60,6 +60,12 @@ def add(ipr, dst: str, oif: int, gw: str | None = None, *, mtu: int = 0, advmss:
 def find(ipr, dst: str, gw: str | None = None) -> list:
     """Routes (main table and others) to exactly `dst`, through `gw` if given."""
     want = ipaddress.ip_network(dst, strict=False)
+    if hasattr(ipr, "raw"):  # SyncIPRoute: without pyroute2's decoder (see rtnl.py)
+        return [(dst_len, got, gws) for dst_len, got, gws in ipr.raw.routes(family_of(dst))
+                if dst_len == want.prefixlen
+                and not (want.prefixlen and (got is None or ipaddress.ip_address(got)
+                                             != want.network_address))
+                and not (gw and gws and gw not in gws)]
     found = []
     for msg in ipr.get_routes(family=family_of(dst), table=None):
         if msg["dst_len"] != want.prefixlen:

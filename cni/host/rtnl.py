@@ -37,6 +37,11 @@ IFLA_INFO_SLAVE_DATA = 5
 IFLA_BRPORT_STATE = 1
 IFA_ADDRESS = 1
 IFF_UP = 0x1
+RTM_NEWROUTE = 24
+RTM_GETROUTE = 26
+RTA_DST = 1
+RTA_GATEWAY = 5
+RTA_MULTIPATH = 9
 RTM_NEWQDISC = 36
 RTM_GETQDISC = 38
 RTM_NEWTFILTER = 44
@@ -55,6 +60,9 @@ OPERSTATES = ("UNKNOWN", "NOTPRESENT", "DOWN", "LOWERLAYERDOWN", "TESTING", "DOR
 _HDR = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, seq, port id
 _IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
 _IFADDR = struct.Struct("=BBBBI")  # ifaddrmsg: family, prefixlen, flags, scope, index
+_RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg: family, dst_len, src_len, tos, table, protocol,
+#                                        scope, type, flags
+_RTNH = struct.Struct("=HBBi")  # rtnexthop: length, flags, hops, ifindex
 _TCMSG = struct.Struct("=BxHiIII")  # tcmsg: family, pads, ifindex, handle, parent, info
 _RTA = struct.Struct("=HH")  # rtattr: length, type
 _ERRNO = struct.Struct("=i")
@@ -205,6 +213,33 @@ class Rtnl:
             if ifindex == index and family in found and address is not None:
                 found[family].append(f"{socket.inet_ntop(family, address)}/{prefixlen}")
         return found[socket.AF_INET] + found[socket.AF_INET6]
+
+    def routes(self, family: int) -> list[tuple[int, str | None, list[str]]]:
+        """Every route of `family` in every table, as (dst_len, dst, gateways): the gateways of
+        RTA_GATEWAY and of each RTA_MULTIPATH hop, as pyroute2 reads them."""
+        found = []
+        for mtype, payload in self.request(RTM_GETROUTE, NLM_F_DUMP,
+                                           _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)):
+            if mtype != RTM_NEWROUTE:
+                continue
+            rt_family, dst_len = _RTMSG.unpack_from(payload)[:2]
+            if rt_family != family:
+                continue
+            nla = attrs(payload, _RTMSG.size)
+            dst = nla.get(RTA_DST)
+            gateways = [nla[RTA_GATEWAY]] if nla.get(RTA_GATEWAY) else []
+            hops, at = nla.get(RTA_MULTIPATH, b""), 0
+            while at + _RTNH.size <= len(hops):
+                size = _RTNH.unpack_from(hops, at)[0]
+                if size < _RTNH.size:
+                    break
+                gateway = attrs(hops[at:at + size], _RTNH.size).get(RTA_GATEWAY)
+                if gateway:
+                    gateways.append(gateway)
+                at += _align(size)
+            found.append((dst_len, socket.inet_ntop(family, dst) if dst else None,
+                          [socket.inet_ntop(family, g) for g in gateways]))
+        return found
 
     def qdiscs(self, index: int) -> list[tuple[int, str, dict[int, bytes]]]:
         """The link's qdiscs as (parent, kind, options by type). The kernel dumps every link's:
