@@ -19,6 +19,10 @@ import os
 
 MARKER_DIR = "/run/pycni/deleted"
 TTL = 600.0
+# Pruning stats every marker (all DELs of the last TTL: ~2 ms a DEL with 400 of them), so it
+# runs at most once a minute; `.pruned` (no marker name starts with a dot) says when it last did.
+PRUNE_EVERY = 60.0
+PRUNED = ".pruned"
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
@@ -57,16 +61,22 @@ def already_clean(plugin: str, env, now: float) -> bool:
 
 
 def mark(plugin: str, container_id: str, ifname: str, now: float) -> None:
-    """After a DEL succeeded: record it, and drop markers older than the TTL. Best effort."""
+    """After a DEL succeeded: record it, and drop markers older than the TTL (at most once
+    every PRUNE_EVERY seconds). Best effort."""
     path = _path(plugin, container_id, ifname)
     if path is None:
         return
     folder = os.path.dirname(path)
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        os.close(fd)
-        os.utime(path, (now, now))
+        _touch(path, now)
+        stamp = os.path.join(folder, PRUNED)
+        try:
+            if 0 <= now - os.lstat(stamp).st_mtime < PRUNE_EVERY:
+                return  # pruned lately (a stamp in the future: the clock went back, prune)
+        except FileNotFoundError:
+            pass
+        _touch(stamp, now)
         with os.scandir(folder) as entries:
             for entry in entries:
                 try:
@@ -76,6 +86,12 @@ def mark(plugin: str, container_id: str, ifname: str, now: float) -> None:
                     pass  # a concurrent DEL pruned it first
     except OSError:
         pass  # no marker only means the next empty-netns DEL does the full work
+
+
+def _touch(path: str, now: float) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.close(fd)
+    os.utime(path, (now, now))
 
 
 def forget(plugin: str, container_id: str, ifname: str) -> None:

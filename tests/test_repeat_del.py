@@ -70,6 +70,7 @@ def test_marker_gate(age, netns, expect_fast) -> None:
 
 
 def test_marker_names_are_safe_and_old_markers_are_pruned() -> None:
+    """Pruning runs at most once every PRUNE_EVERY seconds (it stats every marker)."""
     for cid, ifname in (("../x", "eth0"), ("a", ".."), ("a", "x/y"), ("", "eth0"),
                         ("a" * 300, "eth0"), (".a", "eth0")):
         deleted.mark("bridge", cid, ifname, time.time())
@@ -78,6 +79,6 @@ def test_marker_names_are_safe_and_old_markers_are_pruned() -> None:
                                          time.time())
     assert all("/" not in name for name in os.listdir(deleted.MARKER_DIR))
     deleted.mark("loopback", "old", "eth0", time.time() - deleted.TTL - 1)
-    deleted.mark("loopback", "new", "eth0", time.time())
+    deleted.mark("loopback", "new", "eth0", time.time() + deleted.PRUNE_EVERY)  # a prune is due
     names = os.listdir(deleted.MARKER_DIR)
     assert "loopback@old@eth0" not in names and "loopback@new@eth0" in names
