@@ -8,10 +8,11 @@ enforces the reference's name rule), so it splits back unambiguously. ifbs witho
 from __future__ import annotations
 
 import errno
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cni.host import links
+from cni.host import links, rtnl
 from cni.host.errors import HostError
 
 if TYPE_CHECKING:
@@ -34,14 +35,24 @@ def alias_for(network: str, container_id: str) -> str:
 
 
 def create(ipr: IPRoute, name: str, mtu: int, network: str, container_id: str) -> Ifb:
-    """Add the ifb (txqueuelen 0 and the MTU given, as the reference), mark it, set it up."""
-    ipr.link("add", ifname=name, kind="ifb", mtu=mtu, txqlen=0)
+    """Add the ifb (txqueuelen 0 and the MTU given, as the reference), mark it, set it up.
+    Built with rtnl.py, byte for byte what pyroute2's link("add"/"set") sent."""
+    u32 = struct.Struct("=I")
+    ipr.request_raw(rtnl.RTM_NEWLINK, rtnl.NLM_F_CREATE | rtnl.NLM_F_EXCL,
+                    rtnl.IFINFO.pack(0, 0, 0, 0, 0)
+                    + rtnl.attr(rtnl.IFLA_IFNAME, name.encode() + b"\0")
+                    + rtnl.attr(rtnl.IFLA_MTU, u32.pack(mtu))
+                    + rtnl.attr(rtnl.IFLA_TXQLEN, u32.pack(0))
+                    + rtnl.attr(rtnl.IFLA_LINKINFO, rtnl.attr(rtnl.IFLA_INFO_KIND, b"ifb\0")))
     link = links.get(ipr, name)  # index and MAC in one request (up keeps the MAC)
     if link is None:
         raise HostError(f"ifb {name} vanished right after it was created")
     index = link.index
     try:
-        ipr.link("set", index=index, ifalias=alias_for(network, container_id), state="up")
+        ipr.request_raw(rtnl.RTM_NEWLINK, 0,
+                        rtnl.IFINFO.pack(0, 0, index, rtnl.IFF_UP, rtnl.IFF_UP)
+                        + rtnl.attr(rtnl.IFLA_IFALIAS,
+                                    alias_for(network, container_id).encode() + b"\0"))
     except Exception:
         ipr.link("del", index=index)
         raise

@@ -221,6 +221,16 @@ class SyncIPRoute(_Driven, IPRoute):
         else:
             super().close(code)
 
+    def request_raw(self, kind: int, flags: int, body: bytes) -> list[tuple[int, bytes]]:
+        """One request built with rtnl.py (no pyroute2 encoder); a kernel error is
+        NetlinkError, as from pyroute2's own calls."""
+        try:
+            return self.raw.request(kind, flags, body)
+        except OSError as e:
+            if e.errno is None:
+                raise
+            raise NetlinkError(e.errno) from None
+
     def link_fields(self, name: str | None = None, index: int = 0) -> dict[str, Any] | None:
         """A link's fields (links.Link) without pyroute2's decoder; None if it is missing.
         Other errors are NetlinkError, as from pyroute2's own calls."""

@@ -24,13 +24,17 @@ NLMSG_DONE = 3
 NLM_F_REQUEST = 0x1
 NLM_F_ACK = 0x4
 NLM_F_DUMP = 0x300
+NLM_F_EXCL = 0x200
+NLM_F_CREATE = 0x400
 IFLA_ADDRESS = 1
 IFLA_IFNAME = 3
 IFLA_MTU = 4
 IFLA_LINK = 5
 IFLA_MASTER = 10
 IFLA_OPERSTATE = 16
+IFLA_TXQLEN = 13
 IFLA_LINKINFO = 18
+IFLA_IFALIAS = 20
 IFLA_INFO_KIND = 1
 IFLA_INFO_SLAVE_KIND = 4
 IFLA_INFO_SLAVE_DATA = 5
@@ -42,6 +46,7 @@ RTM_GETROUTE = 26
 RTA_DST = 1
 RTA_GATEWAY = 5
 RTA_MULTIPATH = 9
+NLA_F_NESTED = 0x8000
 RTM_NEWQDISC = 36
 RTM_GETQDISC = 38
 RTM_NEWTFILTER = 44
@@ -58,12 +63,12 @@ NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
 OPERSTATES = ("UNKNOWN", "NOTPRESENT", "DOWN", "LOWERLAYERDOWN", "TESTING", "DORMANT", "UP")
 
 _HDR = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, seq, port id
-_IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
+IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
 _IFADDR = struct.Struct("=BBBBI")  # ifaddrmsg: family, prefixlen, flags, scope, index
 _RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg: family, dst_len, src_len, tos, table, protocol,
 #                                        scope, type, flags
 _RTNH = struct.Struct("=HBBi")  # rtnexthop: length, flags, hops, ifindex
-_TCMSG = struct.Struct("=BxHiIII")  # tcmsg: family, pads, ifindex, handle, parent, info
+TCMSG = struct.Struct("=BxHiIII")  # tcmsg: family, pads, ifindex, handle, parent, info
 _RTA = struct.Struct("=HH")  # rtattr: length, type
 _ERRNO = struct.Struct("=i")
 _U32 = struct.Struct("=I")
@@ -73,7 +78,8 @@ def _align(n: int) -> int:
     return (n + 3) & ~3
 
 
-def _attr(kind: int, value: bytes) -> bytes:
+def attr(kind: int, value: bytes) -> bytes:
+    """One rtattr, padded (nest: attr(type, attr(...) + attr(...)))."""
     size = _RTA.size + len(value)
     return _RTA.pack(size, kind) + value + b"\0" * (_align(size) - size)
 
@@ -108,8 +114,8 @@ def _text(value: bytes) -> str:
 
 def parse_link(payload: bytes) -> dict[str, Any]:
     """An RTM_NEWLINK payload as the fields of links.Link, read as pyroute2 reads them."""
-    _, _, index, flags, _ = _IFINFO.unpack_from(payload)
-    nla = attrs(payload, _IFINFO.size)
+    _, _, index, flags, _ = IFINFO.unpack_from(payload)
+    nla = attrs(payload, IFINFO.size)
     info = attrs(nla.get(IFLA_LINKINFO, b""), 0)
     port_state = None
     slave = info.get(IFLA_INFO_SLAVE_DATA)
@@ -156,7 +162,8 @@ class Rtnl:
         """Send one request; its reply messages as (type, payload). A dump reads to DONE,
         anything else asks for an ACK; a netlink error is OSError(errno)."""
         self.seq += 1
-        flags |= NLM_F_REQUEST | (0 if flags & NLM_F_DUMP else NLM_F_ACK)
+        # A dump has both of its bits (NLM_F_EXCL of a NEW request is NLM_F_MATCH's bit).
+        flags |= NLM_F_REQUEST | (0 if flags & NLM_F_DUMP == NLM_F_DUMP else NLM_F_ACK)
         self.sock.send(_HDR.pack(_HDR.size + len(body), kind, flags, self.seq, 0) + body)
         out: list[tuple[int, bytes]] = []
         while True:
@@ -181,18 +188,18 @@ class Rtnl:
 
     def link(self, name: str) -> tuple[int, int]:
         """(index, flags) of the link called `name`."""
-        body = _IFINFO.pack(0, 0, 0, 0, 0) + _attr(IFLA_IFNAME, name.encode() + b"\0")
+        body = IFINFO.pack(0, 0, 0, 0, 0) + attr(IFLA_IFNAME, name.encode() + b"\0")
         for mtype, payload in self.request(RTM_GETLINK, 0, body):
             if mtype == RTM_NEWLINK:
-                _, _, index, flags, _ = _IFINFO.unpack_from(payload)
+                _, _, index, flags, _ = IFINFO.unpack_from(payload)
                 return index, flags
         raise OSError(19, f"netlink: no link {name!r}")  # ENODEV
 
     def link_fields(self, name: str | None = None, index: int = 0) -> dict[str, Any] | None:
         """The link called `name` (or with `index`) as parse_link reads it; None if missing."""
-        body = _IFINFO.pack(0, 0, index, 0, 0)
+        body = IFINFO.pack(0, 0, index, 0, 0)
         if name is not None:
-            body += _attr(IFLA_IFNAME, name.encode() + b"\0")
+            body += attr(IFLA_IFNAME, name.encode() + b"\0")
         try:
             replies = self.request(RTM_GETLINK, 0, body)
         except OSError as e:
@@ -202,7 +209,7 @@ class Rtnl:
         return next((parse_link(p) for t, p in replies if t == RTM_NEWLINK), None)
 
     def set_up(self, index: int, up: bool) -> None:
-        self.request(RTM_NEWLINK, 0, _IFINFO.pack(0, 0, index, IFF_UP if up else 0, IFF_UP))
+        self.request(RTM_NEWLINK, 0, IFINFO.pack(0, 0, index, IFF_UP if up else 0, IFF_UP))
 
     def addresses(self, index: int) -> list[str]:
         """The link's addresses as 'ip/prefix', v4 first, each family in the kernel's order."""
@@ -245,12 +252,12 @@ class Rtnl:
         """The link's qdiscs as (parent, kind, options by type). The kernel dumps every link's:
         kept only those of `index`, unparsed beyond their kind for the others."""
         found = []
-        body = _TCMSG.pack(0, 0, index, 0, 0, 0)
+        body = TCMSG.pack(0, 0, index, 0, 0, 0)
         for mtype, payload in self.request(RTM_GETQDISC, NLM_F_DUMP, body):
-            _, _, ifindex, _, parent, _ = _TCMSG.unpack_from(payload)
+            _, _, ifindex, _, parent, _ = TCMSG.unpack_from(payload)
             if mtype != RTM_NEWQDISC or ifindex != index:
                 continue
-            nla = dict(attr_list(payload, _TCMSG.size))
+            nla = dict(attr_list(payload, TCMSG.size))
             found.append((parent, _text(nla.get(TCA_KIND, b"")),
                           dict(attr_list(nla.get(TCA_OPTIONS, b"")))))
         return found
@@ -259,13 +266,13 @@ class Rtnl:
         """The link's filters under `parent` (one per message the kernel dumps), each as the
         ifindexes its mirred actions send to."""
         found = []
-        body = _TCMSG.pack(0, 0, index, 0, parent, 0)
+        body = TCMSG.pack(0, 0, index, 0, parent, 0)
         for mtype, payload in self.request(RTM_GETTFILTER, NLM_F_DUMP, body):
             if mtype != RTM_NEWTFILTER:
                 continue
             targets: list[int] = []
             found.append(targets)
-            options = dict(attr_list(payload, _TCMSG.size)).get(TCA_OPTIONS, b"")
+            options = dict(attr_list(payload, TCMSG.size)).get(TCA_OPTIONS, b"")
             for _, action in attr_list(dict(attr_list(options)).get(TCA_U32_ACT, b"")):
                 act = dict(attr_list(action))
                 if _text(act.get(TCA_ACT_KIND, b"")) != "mirred":

@@ -1,0 +1,141 @@
+"""bandwidth's tc and ifb writes are built with cni/host/rtnl.py: byte for byte the messages
+pyroute2 sent for the same calls (pyroute2 is the oracle here), and the kernel takes them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from cni.host import ifb, links, netns, tc
+from cni.host.nlsync import SyncIPRoute
+
+pytestmark = pytest.mark.root
+
+_HEADER = 16  # nlmsghdr: its sequence number and port id differ between the two senders
+
+
+class _Spy:
+    """A socket that records what is sent through it."""
+
+    def __init__(self, sock) -> None:
+        self.sock, self.sent = sock, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.sock, name)
+
+    def send(self, data, *args):
+        self.sent.append(bytes(data))
+        return self.sock.send(data, *args)
+
+    def sendto(self, data, *args):
+        self.sent.append(bytes(data))
+        return self.sock.sendto(data, *args)
+
+
+@contextmanager
+def spied(host_path: str) -> Iterator[tuple[SyncIPRoute, list[bytes]]]:
+    with netns.entered(host_path):
+        ipr = SyncIPRoute()
+    spy = _Spy(ipr.raw.sock)
+    ipr.raw.sock = spy
+    try:
+        yield ipr, spy.sent
+    finally:
+        spy.sock.close()
+
+
+def changes(sent: list[bytes]) -> list[bytes]:
+    """The requests that change something (RTM_NEW*), without seq and port id."""
+    return [m[:8] + m[_HEADER:] for m in sent if int.from_bytes(m[4:6], "little") in (16, 36, 44)]
+
+
+def both(host, ours: Callable, theirs: Callable, undo: Callable) -> None:
+    with spied(host.path) as (ipr, sent):
+        theirs(ipr)
+        oracle = changes(sent)
+        undo(ipr)
+    with spied(host.path) as (ipr, sent):
+        ours(ipr)
+        assert changes(sent) == oracle
+
+
+def _veth(host) -> int:
+    host.run("ip", "link", "add", "tcv0", "type", "veth", "peer", "name", "tcv1")
+    with netns.iproute(host.path) as ipr:
+        return links.get(ipr, "tcv0").index
+
+
+def _pyroute2_tbf(ipr, index: int, t: tc.Tbf) -> None:
+    """What tc.add_tbf sent through pyroute2 before it used rtnl.py."""
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_NEWQDISC
+
+    msg = tc._tbf_msg_class()()
+    msg["family"], msg["index"], msg["handle"], msg["parent"] = 0, index, 0x10000, 0xFFFFFFFF
+    parms = {"rate": t.rate & tc.U32_MAX, "peak": 0, "limit": t.limit, "buffer": t.buffer,
+             "mtu": 0}
+    options = [["TCA_TBF_PARMS", parms]]
+    if t.rate > tc.U32_MAX:
+        options.append(["TCA_TBF_RATE64", t.rate])
+    msg["attrs"] = [["TCA_KIND", "tbf"], ["TCA_OPTIONS", {"attrs": options}]]
+    msg["header"]["type"] = RTM_NEWQDISC
+    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+    ipr.nlm_request_batch([msg])
+
+
+@pytest.mark.parametrize("t", [tc.Tbf(rate=12_500_000, limit=437_500, buffer=156_250),
+                               tc.Tbf(rate=10 * 2**32, limit=1_073_866_824, buffer=31),
+                               tc.Tbf(rate=1, limit=1, buffer=2**32 - 1)])
+def test_tbf(host, t) -> None:
+    index = _veth(host)
+    both(host, lambda ipr: tc.add_tbf(ipr, index, t), lambda ipr: _pyroute2_tbf(ipr, index, t),
+         lambda ipr: tc.delete_root(ipr, index))
+    with netns.iproute(host.path) as ipr:
+        assert tc.read_tbf(ipr, index) == t
+
+
+def test_ingress_and_redirect(host) -> None:
+    index = _veth(host)
+    with netns.iproute(host.path) as ipr:
+        target = links.get(ipr, "tcv1").index
+
+    def theirs(ipr) -> None:
+        ipr.tc("add", "ingress", index, tc.INGRESS_HANDLE)
+        ipr.tc("add-filter", "u32", index, parent=tc.INGRESS_HANDLE, prio=1,
+               protocol=tc.ETH_P_ALL, target=tc.REDIRECT_CLASSID, keys=["0x0/0x0+0"],
+               action={"kind": "mirred", "direction": "egress", "action": "redirect",
+                       "ifindex": target})
+
+    def ours(ipr) -> None:
+        tc.add_ingress(ipr, index)
+        tc.add_redirect(ipr, index, target)
+
+    both(host, ours, theirs, lambda ipr: tc.delete_ingress(ipr, index))
+    with netns.iproute(host.path) as ipr:
+        assert tc.redirect_targets(ipr, index) == [target]
+        assert tc.ingress_is_for(ipr, index, target)
+
+
+def test_ifb_create(host) -> None:
+    alias = ifb.alias_for("net", "cid")
+
+    def theirs(ipr) -> None:
+        ipr.link("add", ifname="tcifb", kind="ifb", mtu=1400, txqlen=0)
+        index = links.get(ipr, "tcifb").index
+        ipr.link("set", index=index, ifalias=alias, state="up")
+
+    with spied(host.path) as (ipr, sent):
+        theirs(ipr)
+        oracle = changes(sent)
+        ifb.delete(ipr, "tcifb")
+    with spied(host.path) as (ipr, sent):
+        dev = ifb.create(ipr, "tcifb", 1400, "net", "cid")
+        ours = changes(sent)
+    assert ours[0] == oracle[0]  # the ifindex of the second differs: a new link
+    index = (dev.index).to_bytes(4, "little")
+    assert ours[1] == oracle[1][:12] + index + oracle[1][16:]
+    link = host.links()["tcifb"]
+    assert link["ifalias"] == alias and link["mtu"] == 1400 and link.get("txqlen", 0) == 0
+    assert "UP" in link["flags"]
