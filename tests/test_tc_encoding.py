@@ -139,3 +139,38 @@ def test_ifb_create(host) -> None:
     link = host.links()["tcifb"]
     assert link["ifalias"] == alias and link["mtu"] == 1400 and link.get("txqlen", 0) == 0
     assert "UP" in link["flags"]
+
+
+def test_deletes(host) -> None:
+    """Root tbf, ingress qdisc and ifb removal; a second removal finds nothing and is fine."""
+    index = _veth(host)
+
+    def setup(ipr) -> int:
+        tc.add_tbf(ipr, index, tc.Tbf(rate=12_500_000, limit=437_500, buffer=156_250))
+        tc.add_ingress(ipr, index)
+        return ifb.create(ipr, "tcifb", 1500, "net", "cid").index
+
+    def deletes(sent: list[bytes]) -> list[bytes]:  # RTM_DELLINK, RTM_DELQDISC
+        return [m[:8] + m[_HEADER:] for m in sent if int.from_bytes(m[4:6], "little") in (17, 37)]
+
+    with spied(host.path) as (ipr, sent):
+        dev = setup(ipr)
+        ipr.tc("del", index=index, handle=tc.TBF_HANDLE, parent=tc.TC_H_ROOT)
+        ipr.tc("del", "ingress", index, tc.INGRESS_HANDLE, parent=tc.TC_H_INGRESS)
+        ipr.link("del", index=dev)
+        oracle = deletes(sent)
+    with spied(host.path) as (ipr, sent):
+        dev = setup(ipr)
+        tc.delete_root(ipr, index)
+        tc.delete_ingress(ipr, index)
+        assert ifb.delete(ipr, "tcifb", dev)
+        ours = deletes(sent)
+        tc.delete_root(ipr, index)  # the default root qdisc: ENOENT, ignored
+        tc.delete_ingress(ipr, index)
+        assert not ifb.delete(ipr, "tcifb", dev)
+    index_bytes = dev.to_bytes(4, "little")
+    assert ours[:2] == oracle[:2]
+    assert ours[2] == oracle[2][:12] + index_bytes + oracle[2][16:]  # a new ifb, a new index
+    with netns.iproute(host.path) as ipr:
+        assert tc.root_kind(ipr, index) != "tbf" and not tc.has_ingress(ipr, index)
+    assert "tcifb" not in host.links()

@@ -74,7 +74,7 @@ def delete(ipr: IPRoute, name: str, index: int | None = None) -> bool:
     if index is None:
         return False
     try:
-        ipr.link("del", index=index)
+        ipr.request_raw(rtnl.RTM_DELLINK, 0, rtnl.IFINFO.pack(0, 0, index, 0, 0))
     except NetlinkError as e:
         if e.code in (errno.ENODEV, errno.ENOENT):
             return False

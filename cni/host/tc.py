@@ -259,13 +259,15 @@ def _mirred_targets(filters) -> list[int]:
 
 def delete_root(ipr: IPRoute, index: int) -> None:
     """Remove the root qdisc (the kernel puts the default back); none is fine."""
-    _ignore_missing(lambda: ipr.tc("del", index=index, handle=TBF_HANDLE, parent=TC_H_ROOT))
+    _ignore_missing(lambda: ipr.request_raw(
+        rtnl.RTM_DELQDISC, 0, rtnl.TCMSG.pack(0, 0, index, TBF_HANDLE, TC_H_ROOT, 0)))
 
 
 def delete_ingress(ipr: IPRoute, index: int) -> None:
     """Remove the ingress qdisc and its filters; none is fine."""
-    _ignore_missing(lambda: ipr.tc("del", "ingress", index, INGRESS_HANDLE,
-                                   parent=TC_H_INGRESS))
+    _ignore_missing(lambda: ipr.request_raw(
+        rtnl.RTM_DELQDISC, 0, rtnl.TCMSG.pack(0, 0, index, INGRESS_HANDLE, TC_H_INGRESS, 0)
+        + rtnl.attr(rtnl.TCA_KIND, b"ingress\0")))
 
 
 def _ignore_missing(call) -> None:
