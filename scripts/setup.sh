@@ -6,9 +6,10 @@ cd "$(dirname "$0")/.."
 
 APT_RUNTIME="iproute2 nftables libnftables1 conntrack kmod"
 # Real clients for integration/: containerd + runc (ctr run --cni), podman (CNI backend) with
-# buildah for the offline image, iptables for the reference portmap in the differential test.
+# buildah for the offline image, iptables for the reference portmap in the differential test,
+# Go and Debian's libcni to build our cnitool (integration/cnitool).
 APT_TEST="containernetworking-plugins iperf3 busybox-static procps psmisc iputils-ping ncat
-  containerd runc podman buildah iptables curl util-linux"
+  containerd runc podman buildah iptables curl util-linux golang-go golang-github-appc-cni-dev"
 want=""
 for p in $APT_RUNTIME ${PYCNI_TEST_PACKAGES:-$APT_TEST}; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || want="$want $p"
