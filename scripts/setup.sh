@@ -23,11 +23,16 @@ if [ -n "$want" ]; then
 fi
 
 PY=${PYTHON:-python3}
+# PYCNI_WHEELHOUSE=DIR: install the Python packages from DIR only (a machine without PyPI, like
+# the VM of `make vm-test`; `pip download` them elsewhere into DIR).
+pip_from=()
+[ -z "${PYCNI_WHEELHOUSE:-}" ] || pip_from=(--no-index --find-links "$PYCNI_WHEELHOUSE")
 stamp=.venv/.installed
 if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: venv in .venv"
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
-  .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1
-  .venv/bin/python -m pip install -q -e '.[dev]' >/dev/null 2>.venv/pip.log || { cat .venv/pip.log; exit 1; }
+  .venv/bin/python -m pip install -q "${pip_from[@]}" --upgrade pip >/dev/null 2>&1 || true
+  .venv/bin/python -m pip install -q "${pip_from[@]}" -e '.[dev]' >/dev/null 2>.venv/pip.log \
+    || { cat .venv/pip.log; exit 1; }
   touch "$stamp"
 fi
