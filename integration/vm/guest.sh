@@ -23,7 +23,9 @@ cri() {
     --socket /run/containerd/containerd.sock "$@")
 }
 json_key() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }
-# containerd's CRI on pycni's dirs, its sandbox image built offline as the tests build it.
+# containerd's CRI on pycni's dirs, its sandbox image built offline as the tests build it, but
+# exiting on SIGTERM as the real pause does (as PID 1, `sleep` ignores it: the reboot would wait
+# out systemd's 90 s stop timeout of the pod's scope).
 cri_setup() {
   local work archive
   PYCNI_SANDBOX_IMAGE=localhost/pycni-pause:test containerd_config
@@ -33,7 +35,8 @@ cri_setup() {
   archive=$(cd "$ROOT/integration" && "$ROOT/.venv/bin/python" -c 'import sys
 from pathlib import Path
 import clients
-print(clients.build_image(Path(sys.argv[1]), clients.PAUSE_IMAGE, cmd=clients.PAUSE_CMD))' "$work")
+pause = ("/bin/sh", "-c", "trap \"exit 0\" TERM INT; sleep 2147483647 & wait")
+print(clients.build_image(Path(sys.argv[1]), clients.PAUSE_IMAGE, cmd=pause))' "$work")
   ctr -n k8s.io images import "$archive" >/dev/null
   rm -rf "$work"
 }
