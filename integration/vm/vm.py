@@ -1,9 +1,10 @@
 """`make vm-test`: a Debian node in qemu, pycni installed with systemd, driven by real clients.
 
-Builds (once, cached under build/vm) a bookworm image with mmdebstrap from Debian's registry,
-boots it with its own kernel from a throwaway qcow2 overlay, copies the project in, and runs the
-node scenario in the guest over ssh (integration/vm/guest.sh, one step per call). Each step
-prints `PASS|FAIL <step> (<seconds>s)`; the run ends with `N passed, N failed`.
+Builds (once, cached under build/vm) a bookworm image with mmdebstrap from the host's own apt
+sources, boots it with its own kernel from a throwaway qcow2 overlay, copies the project in, and
+runs the node scenario in the guest over ssh (integration/vm/guest.sh, one step per call). Each
+step prints `PASS|FAIL <step> (<seconds>s) <detail>`; the run ends with `N passed, N failed`.
+Host commands log to build/vm/host.log, the guest's to build/vm/run/guest.log.
 
 The guest reaches no PyPI (qemu's user network carries no HTTPS to it here): the project's
 wheels are downloaded on the host into build/vm/wheelhouse and installed with --no-index.
@@ -21,6 +22,7 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -356,6 +358,8 @@ def main() -> int:
         say("make vm-test: run as root (mmdebstrap, mkfs -d)")
         return 2
     steps = [s for s in args.steps.split(",") if s]
+    # SIGTERM (a CI timeout, kill) unwinds like Ctrl-C, so the finally below stops the VM
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.monotonic()
     HOST_LOG.unlink(missing_ok=True)
     r = Runner()
