@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench reliability install clean
+.PHONY: setup demo test lint bench reliability install clean vm-test vm-clean
 
 setup:
 	./scripts/setup.sh
@@ -25,6 +25,14 @@ reliability: setup
 	rm -f $(FIGURES)
 	PYCNI_LONG=1 PYCNI_FIGURES=$(FIGURES) ./scripts/test.sh -m slow tests/reliability; \
 	rc=$$?; $(PY) tests/reliability/report.py $(FIGURES); exit $$rc
+
+# A Debian node in qemu (integration/vm/vm.py): image built once into build/vm, pycni installed
+# with systemd, cnitool + containerd's CRI + VLANs + a real reboot (docs/kubernetes.md).
+vm-test: setup
+	$(PY) integration/vm/vm.py
+
+vm-clean:
+	python3 integration/vm/vm.py --clean
 
 install: setup
 	$(PY) -m cni.cli install

@@ -6,9 +6,10 @@ cd "$(dirname "$0")/.."
 
 APT_RUNTIME="iproute2 nftables libnftables1 conntrack kmod"
 # Real clients for integration/: containerd + runc (ctr run --cni), podman (CNI backend) with
-# buildah for the offline image, iptables for the reference portmap in the differential test.
+# buildah for the offline image, iptables for the reference portmap in the differential test,
+# Go and Debian's libcni to build our cnitool (integration/cnitool).
 APT_TEST="containernetworking-plugins iperf3 busybox-static procps psmisc iputils-ping ncat
-  containerd runc podman buildah iptables curl util-linux"
+  containerd runc podman buildah iptables curl util-linux golang-go golang-github-appc-cni-dev"
 want=""
 for p in $APT_RUNTIME ${PYCNI_TEST_PACKAGES:-$APT_TEST}; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || want="$want $p"
@@ -22,11 +23,16 @@ if [ -n "$want" ]; then
 fi
 
 PY=${PYTHON:-python3}
+# PYCNI_WHEELHOUSE=DIR: install the Python packages from DIR only (a machine without PyPI, like
+# the VM of `make vm-test`; `pip download` them elsewhere into DIR).
+pip_from=()
+[ -z "${PYCNI_WHEELHOUSE:-}" ] || pip_from=(--no-index --find-links "$PYCNI_WHEELHOUSE")
 stamp=.venv/.installed
 if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: venv in .venv"
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
-  .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1
-  .venv/bin/python -m pip install -q -e '.[dev]' >/dev/null 2>.venv/pip.log || { cat .venv/pip.log; exit 1; }
+  .venv/bin/python -m pip install -q "${pip_from[@]}" --upgrade pip >/dev/null 2>&1 || true
+  .venv/bin/python -m pip install -q "${pip_from[@]}" -e '.[dev]' >/dev/null 2>.venv/pip.log \
+    || { cat .venv/pip.log; exit 1; }
   touch "$stamp"
 fi

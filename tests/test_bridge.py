@@ -293,6 +293,13 @@ def test_vlan_access_and_trunk_ports(plugins, host, netns_factory, tmp_path) -> 
     got = [v["vlan"] for v in vlans[rb["interfaces"][1]["name"]]]
     # preserveDefaultVlan defaults to false (v1.9.1): VLAN 1 is taken off the trunk port
     assert {200, 201, 202, 300} == set(got)
+    # preserveDefaultVlan: true keeps VLAN 1 on the port beside the access VLAN, which has PVID
+    keep = conf(tmp_path, subnet="10.24.0.0/24", bridge="cni2", vlan=100,
+                preserveDefaultVlan=True)
+    keep["name"] = "keepnet"
+    rc = add(plugins, keep, netns_factory("pycni-pod"), container_id="c")
+    port = {v["vlan"]: v.get("flags", []) for v in bridge_vlans(host)[rc["interfaces"][1]["name"]]}
+    assert set(port) == {1, 100} and "PVID" in port[100] and "PVID" not in port[1], port
 
 
 def test_vlan_traffic_stays_in_its_vlan(plugins, host, netns_factory, tmp_path) -> None:

@@ -14,7 +14,8 @@ No pytest here: scripts (the VM scenario) use it as is. CLI:
         --annotation kubernetes.io/ingress-bandwidth=1M --image IMG -- CMD...   # prints JSON
     python -m integration.cri.client --socket SOCK ip POD_ID
     python -m integration.cri.client --socket SOCK rm POD_ID
-(`run` also takes --log-dir and --cgroup-parent; the module needs grpcio and grpcio-tools.)
+(`run` also takes --log-dir, --cgroup-parent and --wait-image REF, for an image just imported;
+the module needs grpcio and grpcio-tools.)
 """
 
 from __future__ import annotations
@@ -210,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="kubelet's pod cgroup (default: the runtime's, /k8s.io for containerd)")
     run.add_argument("--image", help="also CreateContainer + StartContainer with this image, "
                      "running the command after `--`")
+    run.add_argument("--wait-image", action="append", default=[], metavar="REF",
+                     help="first wait until the runtime sees REF (an image just imported)")
     ip = sub.add_parser("ip", help="PodSandboxStatus: the pod's IPs")
     ip.add_argument("pod")
     rm = sub.add_parser("rm", help="StopPodSandbox + RemovePodSandbox")
@@ -223,6 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "version":
             out: Any = client.version()
         elif args.cmd == "run":
+            for ref in args.wait_image:
+                client.wait_image(ref)
             ports = []
             for spec in args.port:
                 pair, _, proto = spec.partition("/")

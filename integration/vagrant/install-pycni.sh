@@ -11,6 +11,10 @@ pycni install --bin-dir "$BIN_DIR" --conf-dir "$CONF_DIR" --conflist "$CONFLIST"
 log "pycni doctor"
 pycni doctor --bin-dir "$BIN_DIR" --conf-dir "$CONF_DIR"
 # Runtimes load the first conflist by name (CRI-O: unless cni_default_network names one).
-for f in "$CONF_DIR"/*.conf "$CONF_DIR"/*.conflist "$CONF_DIR"/*.json; do
-  [ -e "$f" ] && echo "${f##*/}"
-done | sort | head -n1 | grep -qx "$CONFLIST" || echo "note: another conflist sorts before $CONFLIST"
+# (`|| continue`, not `&&`: an unmatched last glob must not make the loop, and under pipefail
+# the check, fail.)
+first=$(for f in "$CONF_DIR"/*.conf "$CONF_DIR"/*.conflist "$CONF_DIR"/*.json; do
+  [ -e "$f" ] || continue
+  echo "${f##*/}"
+done | sort | head -n1)
+[ "$first" = "$CONFLIST" ] || echo "note: another conflist ($first) sorts before $CONFLIST"

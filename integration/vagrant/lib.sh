@@ -52,3 +52,25 @@ leftovers() {
 
 # The tbf qdisc the bandwidth plugin put on some interface, at RATE (tc's spelling, e.g. 1Mbit).
 has_tbf() { tc qdisc show | grep "tbf .*rate $1" >/dev/null; }  # not -q: an early exit SIGPIPEs tc under pipefail
+
+# containerd_config: /etc/containerd/config.toml with the CRI plugin reading pycni's dirs
+# (docs/kubernetes.md, section 3); sandbox image PYCNI_SANDBOX_IMAGE (default pause:3.9). Any
+# previous config is kept as config.toml.pycni-orig. Restart containerd after.
+containerd_config() {
+  local cfg=/etc/containerd/config.toml
+  install -d /etc/containerd
+  if [ -f "$cfg" ] && [ ! -f "$cfg.pycni-orig" ]; then cp -p "$cfg" "$cfg.pycni-orig"; fi
+  cat > "$cfg" <<TOML
+version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "${PYCNI_SANDBOX_IMAGE:-registry.k8s.io/pause:3.9}"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "$BIN_DIR"
+    conf_dir = "$CONF_DIR"
+    max_conf_num = 1
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      SystemdCgroup = true
+TOML
+}

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# One step of `make vm-test`, run as root inside the VM (integration/vm/vm.py calls it over ssh):
+#   guest.sh setup|install|cnitool|cri|vlan|pods-before-reboot|after-reboot|uninstall
+# The node is a real one: systemd as PID 1, pycni installed into /opt/cni/bin and /etc/cni/net.d
+# with its socket unit, cnitool built from Debian's libcni. Exits non-zero with a FAIL line.
+# shellcheck source-path=SCRIPTDIR
+set -euo pipefail  # (so no `grep -q` after a pipe: its early exit would fail the writer)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+. "$ROOT/integration/vagrant/lib.sh"
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+CNITOOL=/usr/local/bin/cnitool
+STATE=/var/lib/pycni-vm  # what the reboot step compares, on disk: survives the reboot
+
+unit_state() { systemctl is-active "$1" 2>/dev/null || true; }
+service_active() { [ "$(unit_state pycni.service)" = active ]; }
+elapsed() { awk "BEGIN { printf \"%.2f\", $EPOCHREALTIME - $1 }"; }
+# The dead pods' host-local reservations and libcni cache entries (on disk, survive reboots).
+reservations() { ls "/var/lib/cni/networks/$NETWORK" | grep -v -e '^lock$' -e '^last_reserved_ip' || true; }
+cached() { ls /var/lib/cni/results | grep "^$NETWORK-cnitool-" || true; }
+# kubelet's CRI calls to the node's containerd, by our CRI client (integration/cri).
+cri() {
+  (cd "$ROOT" && .venv/bin/python -m integration.cri.client \
+    --socket /run/containerd/containerd.sock "$@")
+}
+json_key() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }
+# containerd's CRI on pycni's dirs, its sandbox image built offline as the tests build it, but
+# exiting on SIGTERM as the real pause does (as PID 1, `sleep` ignores it: the reboot would wait
+# out systemd's 90 s stop timeout of the pod's scope).
+cri_setup() {
+  local work archive
+  PYCNI_SANDBOX_IMAGE=localhost/pycni-pause:test containerd_config
+  systemctl restart containerd
+  wait_until 60 "containerd's CRI" cri version
+  work=$(mktemp -d)
+  archive=$(cd "$ROOT/integration" && "$ROOT/.venv/bin/python" -c 'import sys
+from pathlib import Path
+import clients
+pause = ("/bin/sh", "-c", "trap \"exit 0\" TERM INT; sleep 2147483647 & wait")
+print(clients.build_image(Path(sys.argv[1]), clients.PAUSE_IMAGE, cmd=pause))' "$work")
+  ctr -n k8s.io images import "$archive" >/dev/null
+  rm -rf "$work"
+}
+
+case ${1:?step} in
+setup)
+  # Every apt package is in the image already; Python packages come from the wheelhouse.
+  cd "$ROOT" && PYCNI_WHEELHOUSE=/opt/wheelhouse scripts/setup.sh
+  "$ROOT/integration/cnitool/build.sh" "$CNITOOL"
+  ;;
+install)
+  # Debian 12's libcni (1.1.2, our cnitool) and containerd 1.6 speak spec versions <= 1.0.0.
+  bash "$ROOT/integration/vagrant/install-pycni.sh"
+  [ "$(systemctl is-enabled pycni.socket)" = enabled ] || die "pycni.socket not enabled"
+  [ "$(unit_state pycni.socket)" = active ] || die "pycni.socket not listening"
+  [ -S /run/pycni/pycni.sock ] || die "no socket at /run/pycni/pycni.sock"
+  # `pycni doctor` (in install-pycni.sh) connected to the daemon's socket: that starts the
+  # service, which is active once the daemon serves (Type=notify; seconds under TCG).
+  wait_until 120 "doctor's probe to start pycni.service" service_active
+  systemctl stop pycni.service  # so that the next step shows a plugin call starting it
+  [ "$(unit_state pycni.socket)" = active ] || die "stopping the service closed the socket"
+  [ "$(unit_state pycni.service)" = inactive ] || die "pycni.service did not stop"
+  grep -q "^ExecStart=$ROOT/.venv/bin/pycni daemon$" /etc/systemd/system/pycni.service \
+    || die "ExecStart is not this venv's pycni daemon"
+  echo "ok: installed; pycni.socket enabled and listening; doctor's probe started pycni.service"
+  ;;
+cnitool)
+  # The first plugin call starts the daemon through the socket (socket activation).
+  [ "$(unit_state pycni.service)" = inactive ] || die "pycni.service already active"
+  CNITOOL=$CNITOOL bash "$ROOT/integration/vagrant/cnitool.sh"
+  wait_until 30 "pycni.service started by the socket" service_active
+  pid=$(systemctl show -p MainPID --value pycni.service)
+  tr '\0' ' ' < "/proc/$pid/cmdline" | grep "pycni daemon" >/dev/null || die "MainPID $pid is not the daemon"
+  echo "ok: socket activation started pycni.service (MainPID $pid)"
+  ;;
+cri)
+  # containerd's CRI, driven by our CRI client as kubelet does, pycni and the reference as
+  # oracle; in its own namespaces, so the node's installed pycni is not involved.
+  cd "$ROOT" && scripts/test.sh -q integration/test_cri.py
+  ;;
+vlan)
+  # This kernel has bridge VLAN filtering: the VLAN tests must run, not skip.
+  cd "$ROOT"
+  out=$(scripts/test.sh -q -rs tests/test_bridge.py -k vlan 2>&1) || { echo "$out"; die "vlan tests"; }
+  echo "$out" | tail -n 3
+  if echo "$out" | grep SKIPPED >/dev/null; then die "VLAN tests skipped on the VM kernel"; fi
+  echo "$out" | grep "2 passed" >/dev/null || die "expected 2 VLAN tests to pass"
+  echo "ok: tests/test_bridge.py's 2 VLAN tests passed on the guest kernel (vlan, vlanTrunk," \
+    "preserveDefaultVlan; traffic within a VLAN, none across)"
+  ;;
+pods-before-reboot)
+  # Three pods through the installed chain, left attached when the node reboots.
+  rm -rf "$STATE" && mkdir -p "$STATE"
+  # (Debian's podman has one: `D! /var/lib/cni/networks` empties the store at every boot.)
+  if rule=$(grep -rs '/var/lib/cni' /usr/lib/tmpfiles.d /etc/tmpfiles.d); then
+    die "a tmpfiles.d rule would clean the CNI state at boot: $rule"
+  fi
+  export CNI_PATH=$BIN_DIR NETCONFPATH=$CONF_DIR
+  for i in 1 2 3; do
+    ip netns add "vm-pod$i"
+    CAP_ARGS="{\"portMappings\":[{\"hostPort\":$((8090 + i)),\"containerPort\":80,\"protocol\":\"tcp\"}],
+      \"bandwidth\":{\"ingressRate\":1000000,\"ingressBurst\":100000,\"egressRate\":1000000,\"egressBurst\":100000}}" \
+      "$CNITOOL" add "$NETWORK" "/var/run/netns/vm-pod$i" > "$STATE/pod$i.json"
+  done
+  # And a fourth the way kubelet makes one: RunPodSandbox on the node's containerd, with a
+  # hostPort and the bandwidth annotations.
+  cri_setup
+  # (kubelet names a systemd slice as the pod cgroup parent: SystemdCgroup = true wants one)
+  cri run vm-cri-pod --wait-image localhost/pycni-pause:test --cgroup-parent system.slice \
+    --port 8099:80 \
+    --annotation kubernetes.io/ingress-bandwidth=1M \
+    --annotation kubernetes.io/egress-bandwidth=1M > "$STATE/cri.json"
+  pod=$(json_key "$STATE/cri.json" pod)
+  [ -e "/var/lib/cni/results/$NETWORK-$pod-eth0" ] || die "no libcni cache entry for the CRI pod"
+  reservations > "$STATE/reservations"
+  [ "$(wc -l < "$STATE/reservations")" = 4 ] || die "expected 4 reservations"
+  [ "$(cached | wc -l)" = 3 ] || die "expected 3 libcni cache entries of cnitool's pods"
+  rules=$(nft list ruleset | grep -c -e 'cnitool-' -e "$pod" || true)
+  [ "$rules" -ge 8 ] || die "expected hostPort and masquerade rules for 4 pods, found $rules"
+  ifbs=$(ip -o link show type ifb | grep -c bwp || true)
+  [ "$ifbs" = 4 ] || die "expected 4 ifbs, found $ifbs"
+  echo "ok: 3 pods by cnitool, 1 by containerd's CRI ($(xargs < "$STATE/reservations"))," \
+    "$rules nft rules, $ifbs ifbs naming them"
+  sync
+  ;;
+after-reboot)
+  # Namespaces, veths, ifbs and nft rules died with the kernel; the store and libcni's cache
+  # are on disk. The daemon is not running until the first plugin call starts it.
+  [ -s "$STATE/reservations" ] || die "no record from before the reboot"
+  [ "$(unit_state pycni.socket)" = active ] || die "pycni.socket not listening after boot"
+  [ "$(unit_state pycni.service)" = inactive ] || die "pycni.service started before any request"
+  pod=$(json_key "$STATE/cri.json" pod)
+  [ "$(reservations | wc -l)" = 4 ] || die "expected the dead pods' 4 reservations on disk"
+  [ "$(cached | wc -l)" = 3 ] || die "expected libcni's cache of cnitool's 3 dead pods"
+  [ -e "/var/lib/cni/results/$NETWORK-$pod-eth0" ] || die "the CRI pod's cache entry is gone"
+  for i in 1 2 3; do [ ! -e "/var/run/netns/vm-pod$i" ] || die "vm-pod$i survived the reboot"; done
+  ! ip -o link show type ifb | grep bwp >/dev/null || die "an ifb survived the reboot"
+  ! nft list ruleset | grep -e cnitool- -e "$pod" >/dev/null || die "nft rules survived the reboot"
+  export CNI_PATH=$BIN_DIR NETCONFPATH=$CONF_DIR
+  # A runtime cleaning up a pod that died with the node (containerd's StopPodSandbox after a
+  # restart): libcni's DEL of pod 1, whose netns is gone. The first plugin call since boot:
+  # pycni.socket holds it while systemd starts the daemon.
+  start=$EPOCHREALTIME
+  "$CNITOOL" del "$NETWORK" /var/run/netns/vm-pod1
+  del_s=$(elapsed "$start")
+  wait_until 30 "the first plugin call to start pycni.service" service_active
+  ready_s=$(systemctl show pycni.service -p InactiveExitTimestampMonotonic \
+    -p ActiveEnterTimestampMonotonic --value | awk 'NR==1{a=$1} NR==2{b=$1} END{printf "%.2f", (b-a)/1e6}')
+  [ "$(reservations | wc -l)" = 3 ] || die "libcni's DEL did not release pod 1's reservation"
+  [ "$(cached | wc -l)" = 2 ] || die "libcni's DEL did not remove pod 1's cache entry"
+  # kubelet after a node reboot: containerd recovered the sandbox NOTREADY; StopPodSandbox runs
+  # the DEL chain with an empty CNI_NETNS (its netns died), RemovePodSandbox forgets it.
+  wait_until 60 "containerd's CRI" cri version
+  start=$EPOCHREALTIME
+  cri rm "$pod" >/dev/null
+  cri_s=$(elapsed "$start")
+  [ "$(reservations | wc -l)" = 2 ] || die "StopPodSandbox did not release the CRI pod's address"
+  [ ! -e "/var/lib/cni/results/$NETWORK-$pod-eth0" ] || die "the CRI pod's cache entry is left"
+  # pycni gc: every cached attachment left is stale (no valid list): DEL each, then each
+  # plugin's GC with an empty valid list.
+  start=$EPOCHREALTIME
+  pycni gc "$NETWORK"
+  gc_s=$(elapsed "$start")
+  [ "$(reservations | wc -l)" = 0 ] || die "gc left reservations: $(reservations | tr '\n' ' ')"
+  [ "$(cached | wc -l)" = 0 ] || die "gc left cached results"
+  ! nft list ruleset | grep cnitool- >/dev/null || die "nft rules naming a dead pod"
+  ! ip -o link show type ifb | grep bwp >/dev/null || die "ifbs left"
+  # New pods work on the rebooted node.
+  CNITOOL=$CNITOOL bash "$ROOT/integration/vagrant/cnitool.sh"
+  echo "ok: first plugin call after boot started pycni.service by the socket (daemon ready" \
+    "in ${ready_s}s; that libcni DEL of dead pod 1 took ${del_s}s); CRI StopPodSandbox +" \
+    "RemovePodSandbox of the dead CRI pod ${cri_s}s; pycni gc released pods 2, 3 (${gc_s}s);" \
+    "nothing left; a new pod works"
+  ;;
+uninstall)
+  pycni uninstall --bin-dir "$BIN_DIR"
+  [ ! -e /etc/systemd/system/pycni.socket ] || die "pycni.socket left"
+  [ "$(systemctl is-enabled pycni.socket 2>/dev/null || true)" != enabled ] || die "still enabled"
+  [ "$(unit_state pycni.service)" = inactive ] || die "daemon still running"
+  [ ! -e "$BIN_DIR/bridge" ] || die "plugins left in $BIN_DIR"
+  echo "ok: uninstalled, units disabled and removed"
+  ;;
+*)
+  die "unknown step $1"
+  ;;
+esac

@@ -1,0 +1,403 @@
+"""`make vm-test`: a Debian node in qemu, pycni installed with systemd, driven by real clients.
+
+Builds (once, cached under build/vm) a bookworm image with mmdebstrap from the host's own apt
+sources, boots it with its own kernel from a throwaway qcow2 overlay, copies the project in, and
+runs the node scenario in the guest over ssh (integration/vm/guest.sh, one step per call). Each
+step prints `PASS|FAIL <step> (<seconds>s) <detail>`; the run ends with `N passed, N failed`.
+Host commands log to build/vm/host.log, the guest's to build/vm/run/guest.log.
+
+The guest reaches no PyPI (qemu's user network carries no HTTPS to it here): the project's
+wheels are downloaded on the host into build/vm/wheelhouse and installed with --no-index.
+/dev/kvm on these machines runs only specially built guest kernels, so TCG is used unless the
+CPU advertises vmx/svm.
+
+    python3 integration/vm/vm.py [--keep] [--steps a,b,...]      (make vm-test)
+    python3 integration/vm/vm.py --clean                         (make vm-clean)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+WORK = ROOT / "build" / "vm"
+HOST_LOG = WORK / "host.log"
+GUEST_DIR = "/opt/pycni"
+SUITE = "bookworm"
+DISK_SIZE = "6G"
+
+# Everything the guest runs, so that it needs no network for packages: the node's runtime and
+# clients, what scripts/setup.sh installs, a kernel that has bridge VLAN filtering, and Go with
+# Debian's libcni for our cnitool. Not podman, as on a Kubernetes node: Debian's podman ships
+# tmpfiles.d's `D! /var/lib/cni/networks`, which empties every network's host-local store at
+# boot, and the reboot step is about what a node keeps. The guest's setup.sh gets this list
+# (PYCNI_TEST_PACKAGES), so it installs nothing more.
+PACKAGES = sorted([
+    "linux-image-amd64", "initramfs-tools", "systemd-sysv", "udev", "dbus", "openssh-server",
+    "ca-certificates", "iproute2", "nftables", "libnftables1", "conntrack", "kmod", "e2fsprogs",
+    "containernetworking-plugins", "iperf3", "busybox-static", "procps", "psmisc",
+    "iputils-ping", "ncat", "containerd", "runc", "buildah", "iptables", "curl",
+    "util-linux", "python3", "python3-venv", "golang-go", "golang-github-appc-cni-dev",
+])
+HOST_PACKAGES = ("mmdebstrap", "qemu-system-x86", "qemu-utils", "e2fsprogs", "openssh-client")
+
+# Files written into the image tree (path -> content).
+GUEST_FILES = {
+    "etc/hostname": "pycni-node\n",
+    "etc/hosts": "127.0.0.1 localhost\n127.0.1.1 pycni-node\n",
+    "etc/fstab": "/dev/vda / ext4 defaults 0 1\n",
+    "etc/systemd/network/20-wired.network": "[Match]\nName=eth* en*\n\n[Network]\nDHCP=yes\n",
+    "etc/ssh/sshd_config.d/pycni.conf": "PermitRootLogin prohibit-password\nUseDNS no\n",
+    "etc/modules-load.d/pycni.conf": "br_netfilter\nifb\n8021q\n",
+}
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def run(*cmd: str | Path, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], check=check, **kw)
+
+
+def logged(*cmd: str | Path, env: dict[str, str] | None = None) -> None:
+    """A host command whose output goes to build/vm/host.log (the run prints one line per step);
+    a failure raises with the log's tail."""
+    HOST_LOG.parent.mkdir(parents=True, exist_ok=True)
+    with open(HOST_LOG, "ab") as f:
+        f.write(f"\n$ {' '.join(map(str, cmd))}\n".encode())
+        f.flush()
+        rc = subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env).returncode
+    if rc != 0:
+        raise RuntimeError(f"{Path(cmd[0]).name} exit {rc}: {tail(HOST_LOG)}")
+
+
+# --- host side: packages, image, wheelhouse ------------------------------------------------
+
+def host_packages() -> None:
+    missing = [p for p in HOST_PACKAGES
+               if run("dpkg-query", "-W", "-f=${Status}", p, check=False,
+                      capture_output=True, text=True).stdout != "install ok installed"]
+    if missing:
+        env = os.environ | {"DEBIAN_FRONTEND": "noninteractive"}
+        logged("apt-get", "update", "-qq", env=env)
+        logged("apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, env=env)
+
+
+def image_key() -> str:
+    text = "\n".join([SUITE, DISK_SIZE, *PACKAGES, *sorted(f"{k}={v}" for k, v in
+                                                           GUEST_FILES.items())])
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def debian_mirror() -> str:
+    """The host's own Debian mirror for SUITE main, from its apt sources (deb822 or one-line):
+    the image comes from wherever this host gets its packages."""
+    def entries() -> Iterator[tuple[list[str], list[str], list[str], list[str]]]:
+        d = Path("/etc/apt/sources.list.d")
+        for f in sorted(d.glob("*.sources")) if d.is_dir() else []:
+            for stanza in f.read_text().split("\n\n"):
+                fields: dict[str, list[str]] = {}
+                for line in stanza.splitlines():
+                    if line.strip() and not line.lstrip().startswith("#") and ":" in line:
+                        key, _, value = line.partition(":")
+                        fields[key.strip().lower()] = value.split()
+                if fields.get("enabled", ["yes"])[0].lower() != "no":
+                    yield (fields.get("types", []), fields.get("uris", []),
+                           fields.get("suites", []), fields.get("components", []))
+        for f in [Path("/etc/apt/sources.list"), *sorted(d.glob("*.list"))]:
+            for line in f.read_text().splitlines() if f.is_file() else []:
+                words = re.sub(r"\[[^]]*\]", " ", line.split("#")[0]).split()  # no [options]
+                if len(words) >= 4:
+                    yield [words[0]], [words[1]], [words[2]], words[3:]
+
+    for types, uris, suites, components in entries():
+        if "deb" in types and SUITE in suites and "main" in components and uris:
+            return uris[0]
+    raise RuntimeError(f"no 'deb ... {SUITE} main' source in the host's apt sources")
+
+
+def build_image() -> Path:
+    """build/vm/<key>/: disk.raw, vmlinuz, initrd.img, the ssh key. Reused when present."""
+    base = WORK / image_key()
+    if (base / "disk.raw").exists():
+        return base
+    tmp = WORK / f"{base.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tree = tmp / "root"
+    tmp.mkdir(parents=True)
+    run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", tmp / "id_ed25519")
+    logged("mmdebstrap", "--variant=apt", "--include=" + ",".join(PACKAGES),
+        "--customize-hook=chroot \"$1\" systemctl enable systemd-networkd ssh",
+        SUITE, tree, debian_mirror())
+    for rel, content in GUEST_FILES.items():
+        path = tree / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+    ssh_dir = tree / "root" / ".ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    (ssh_dir / "authorized_keys").write_text((tmp / "id_ed25519.pub").read_text())
+    (ssh_dir / "authorized_keys").chmod(0o600)
+    boot = tree / "boot"
+    shutil.copy(next(boot.glob("vmlinuz-*")), tmp / "vmlinuz")
+    shutil.copy(next(boot.glob("initrd.img-*")), tmp / "initrd.img")
+    run("truncate", "-s", DISK_SIZE, tmp / "disk.raw")
+    run("mkfs.ext4", "-q", "-F", "-L", "pycni", "-d", tree, tmp / "disk.raw")
+    shutil.rmtree(tree)
+    for old in WORK.glob("*"):  # keep one image: an old key's is dead weight
+        if old.is_dir() and old.name not in (tmp.name, "wheelhouse", "run"):
+            shutil.rmtree(old, ignore_errors=True)
+    tmp.rename(base)
+    return base
+
+
+def wheelhouse() -> Path:
+    """The project's dependencies, dev tools and build requirements as files for --no-index."""
+    out = WORK / "wheelhouse"
+    stamp = out / ".key"
+    key = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == key:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    py = ROOT / ".venv" / "bin" / "python"
+    logged(py if py.exists() else sys.executable, "-m", "pip", "download", "-q", "-d", out,
+        "--only-binary=:all:", "--python-version", "3.11", "--platform", "manylinux2014_x86_64",
+        "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
+        "pip", "setuptools>=77", "wheel", *project_requirements())
+    stamp.write_text(key)
+    return out
+
+
+def project_requirements() -> list[str]:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return [*project["dependencies"], *project["optional-dependencies"]["dev"]]
+
+
+# --- the VM -----------------------------------------------------------------------------------
+
+def accel() -> list[str]:
+    flags = Path("/proc/cpuinfo").read_text().split()
+    if os.path.exists("/dev/kvm") and ("vmx" in flags or "svm" in flags):
+        return ["-accel", "kvm", "-cpu", "host"]
+    return ["-accel", "tcg,thread=multi", "-cpu", "max"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VM:
+    def __init__(self, image: Path, run_dir: Path) -> None:
+        self.image, self.dir = image, run_dir
+        self.port = free_port()
+        self.key = image / "id_ed25519"
+        self.serial = run_dir / "serial.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        overlay = self.dir / "overlay.qcow2"
+        run("qemu-img", "create", "-q", "-f", "qcow2", "-b", self.image / "disk.raw",
+            "-F", "raw", overlay)
+        self.proc = subprocess.Popen([
+            "qemu-system-x86_64", *accel(), "-smp", "2", "-m", "2048", "-nographic",
+            "-monitor", "none", "-serial", f"file:{self.serial}",
+            "-kernel", str(self.image / "vmlinuz"), "-initrd", str(self.image / "initrd.img"),
+            "-append", "root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet",
+            "-drive", f"file={overlay},if=virtio,format=qcow2",
+            "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{self.port}-:22",
+            "-device", "virtio-net-pci,netdev=n0"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def ssh_args(self) -> list[str]:
+        return ["ssh", "-q", "-i", str(self.key), "-p", str(self.port),
+                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=15",
+                "-o", "BatchMode=yes", "root@127.0.0.1"]
+
+    def ssh(self, command: str, *, timeout: float = 1800, log: Path | None = None,
+            stdin: bytes | None = None) -> int:
+        with open(log or os.devnull, "ab") as out:
+            try:
+                return subprocess.run([*self.ssh_args(), command], input=stdin, stdout=out,
+                                      stderr=subprocess.STDOUT, timeout=timeout).returncode
+            except subprocess.TimeoutExpired:
+                return 124
+
+    def wait_ssh(self, limit: float = 600) -> bool:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            if self.proc and self.proc.poll() is not None:
+                return False
+            # 15 s: before the guest listens, qemu's forward accepts and ssh waits for a banner
+            if self.ssh("true", timeout=15) == 0:
+                return True
+            time.sleep(2)
+        return False
+
+    def boot_id(self) -> str:
+        try:
+            r = subprocess.run([*self.ssh_args(), "cat /proc/sys/kernel/random/boot_id"],
+                               capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            return ""  # going down or not up yet
+        return r.stdout.strip()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.ssh("systemctl poweroff", timeout=30)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# --- the scenario -----------------------------------------------------------------------------
+
+Outcome = tuple[bool, str]  # passed, and a detail for the step's line
+
+class Runner:
+    def __init__(self) -> None:
+        self.passed: list[str] = []
+        self.failed: list[str] = []
+
+    def step(self, name: str, action: Callable[[], Outcome]) -> bool:
+        """Runs one step and prints `PASS|FAIL name (Ns) detail`."""
+        start = time.monotonic()
+        try:
+            ok, detail = action()
+        except Exception as e:  # a step's crash is that step's failure, the run goes on
+            ok, detail = False, f"{type(e).__name__}: {e}"
+        took = f"({time.monotonic() - start:.0f}s)"
+        say(" ".join(w for w in ("PASS" if ok else "FAIL", name, took, detail) if w))
+        (self.passed if ok else self.failed).append(name)
+        return ok
+
+
+def guest_step(vm: VM, log: Path, name: str, timeout: float = 1800) -> Callable[[], Outcome]:
+    """guest.sh NAME over ssh; its last `ok: ...` line is the step's detail."""
+    def action() -> Outcome:
+        with open(log, "ab") as f:
+            f.write(f"\n===== {name}\n".encode())
+            start = f.tell()
+        env = f"PYCNI_TEST_PACKAGES='{' '.join(PACKAGES)}'"
+        rc = vm.ssh(f"{env} {GUEST_DIR}/integration/vm/guest.sh {name}", timeout=timeout,
+                    log=log)
+        with open(log, "rb") as f:
+            f.seek(start)
+            out = f.read().decode(errors="replace").splitlines()
+        if rc != 0:
+            return False, f"exit {rc}: " + " | ".join(ln.strip() for ln in out[-6:])
+        oks = [ln for ln in out if ln.startswith("ok: ")]
+        return True, oks[-1][4:] if oks else ""
+    return action
+
+
+def tail(log: Path, lines: int = 6) -> str:
+    text = log.read_text(errors="replace").splitlines()
+    return " | ".join(line.strip() for line in text[-lines:])
+
+
+def copy_project(vm: VM) -> Outcome:
+    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard",
+                            "-z"], capture_output=True, check=True).stdout
+    tar = subprocess.run(["tar", "-C", str(ROOT), "--null", "-T", "-", "-cf", "-"],
+                         input=files, capture_output=True, check=True).stdout
+    rc = vm.ssh(f"rm -rf {GUEST_DIR} && mkdir -p {GUEST_DIR} && tar -C {GUEST_DIR} -xf -",
+                stdin=tar, timeout=300)
+    if rc != 0:
+        return False, f"exit {rc}"
+    tar = subprocess.run(["tar", "-C", str(WORK), "-cf", "-", "wheelhouse"], capture_output=True,
+                         check=True).stdout
+    rc = vm.ssh("mkdir -p /opt && tar -C /opt -xf -", stdin=tar, timeout=300)
+    return rc == 0, "" if rc == 0 else f"exit {rc} (wheelhouse)"
+
+
+def reboot(vm: VM) -> Outcome:
+    before = vm.boot_id()
+    vm.ssh("systemctl reboot", timeout=30)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        time.sleep(3)
+        if vm.wait_ssh(60) and vm.boot_id() not in ("", before):
+            return True, "new boot id"
+    return False, f"no new boot: {tail(vm.serial)}"
+
+
+STEPS = ("setup", "install", "cnitool", "cri", "vlan", "pods-before-reboot", "reboot",
+         "after-reboot", "uninstall")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clean", action="store_true", help="remove build/vm and exit")
+    parser.add_argument("--keep", action="store_true", help="leave the VM running at the end")
+    parser.add_argument("--steps", default=",".join(STEPS), help="guest steps to run, in order")
+    args = parser.parse_args()
+    if args.clean:
+        shutil.rmtree(WORK, ignore_errors=True)
+        say(f"removed {WORK}")
+        return 0
+    if os.geteuid() != 0:
+        say("make vm-test: run as root (mmdebstrap, mkfs -d)")
+        return 2
+    steps = [s for s in args.steps.split(",") if s]
+    # SIGTERM (a CI timeout, kill) unwinds like Ctrl-C, so the finally below stops the VM
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    started = time.monotonic()
+    HOST_LOG.unlink(missing_ok=True)
+    r = Runner()
+    image: dict[str, Path] = {}
+
+    def prepare() -> Outcome:
+        host_packages()
+        cached = (WORK / image_key() / "disk.raw").exists()
+        image["base"] = build_image()
+        wheelhouse()
+        return True, f"{'cached' if cached else 'built'} {image['base'].relative_to(ROOT)}"
+
+    if not r.step("image", prepare):
+        say(f"0 passed, {len(r.failed)} failed")
+        return 1
+    run_dir = WORK / "run"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    log = run_dir / "guest.log"
+    vm = VM(image["base"], run_dir)
+    vm.start()
+    try:
+        booted = r.step("boot", lambda: (True, "") if vm.wait_ssh()
+                        else (False, f"no ssh: {tail(vm.serial)}"))
+        if booted and r.step("copy", lambda: copy_project(vm)):
+            for name in steps:
+                if name == "reboot":
+                    r.step("reboot", lambda: reboot(vm))
+                else:
+                    r.step(name, guest_step(vm, log, name))
+    finally:
+        if not args.keep:
+            vm.stop()
+    say(f"guest log: {log}; serial: {vm.serial}")
+    say(f"{len(r.passed)} passed, {len(r.failed)} failed "
+        f"({time.monotonic() - started:.0f}s)")
+    return 0 if not r.failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
