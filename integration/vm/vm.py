@@ -394,8 +394,8 @@ def main() -> int:
         if not args.keep:
             vm.stop()
     say(f"guest log: {log}; serial: {vm.serial}")
-    say(f"{len(r.passed)} passed, {len(r.failed)} failed "
-        f"({time.monotonic() - started:.0f}s)")
+    say(f"total {time.monotonic() - started:.0f}s")
+    say(f"{len(r.passed)} passed, {len(r.failed)} failed")  # alone on its line: CI reads it
     return 0 if not r.failed else 1
 
 
