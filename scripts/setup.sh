@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_RUNTIME="iproute2 nftables libnftables1 conntrack kmod"
+# python3 + python3-venv: the venv is made from the distro's interpreter (below).
+APT_RUNTIME="python3 python3-venv iproute2 nftables libnftables1 conntrack kmod"
 # Real clients for integration/: containerd + runc (ctr run --cni), podman (CNI backend) with
 # buildah for the offline image, iptables for the reference portmap in the differential test,
 # Go and Debian's libcni to build our cnitool (integration/cnitool).
@@ -22,7 +23,11 @@ if [ -n "$want" ]; then
   apt-get install -y -qq --no-install-recommends $want >/dev/null
 fi
 
-PY=${PYTHON:-python3}
+# The distro's interpreter by default, not whichever python3 comes first on PATH: every plugin
+# exec starts it, and Debian's (static, PGO+LTO) starts in ~7.7 ms where a default source build
+# (pyenv: shared libpython, no PGO) takes ~11 ms. PYTHON=... overrides.
+PY=${PYTHON:-/usr/bin/python3}
+[ -x "$PY" ] || PY=python3
 # PYCNI_WHEELHOUSE=DIR: install the Python packages from DIR only (a machine without PyPI, like
 # the VM of `make vm-test`; `pip download` them elsewhere into DIR).
 pip_from=()
