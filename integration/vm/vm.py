@@ -212,8 +212,8 @@ Vagrant.configure("2") do |config|
   config.vm.provider "libvirt" do |lv|
     # stock kernels hang under a paravirtual /dev/kvm: KVM only when the CPU shows vmx/svm
     lv.driver = File.read("/proc/cpuinfo") =~ /\\b(vmx|svm)\\b/ ? "kvm" : "qemu"
-    lv.kernel = File.join(__dir__, "vmlinuz")
-    lv.initrd = File.join(__dir__, "initrd.img")
+    lv.kernel = File.join(File.dirname(__FILE__), "vmlinuz")
+    lv.initrd = File.join(File.dirname(__FILE__), "initrd.img")
     lv.cmd_line = "{cmdline}"
   end
 end
@@ -482,7 +482,11 @@ def main() -> int:
         say("make vm-test: run as root (mmdebstrap, mkfs -d)")
         return 2
     if args.box:
-        return make_box()
+        try:
+            return make_box()
+        except (RuntimeError, subprocess.CalledProcessError) as e:
+            say(f"make vagrant-box: {e}")
+            return 1
     steps = [s for s in args.steps.split(",") if s]
     # SIGTERM (a CI timeout, kill) unwinds like Ctrl-C, so the finally below stops the VM
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
