@@ -69,7 +69,7 @@ ours_ip() { cri ip "$pod" > "$work/ip.json" && json_key "$work/ip.json" ip; }
 ours_down() { cri rm "$pod" >/dev/null; }  # StopPodSandbox (its containers too), RemovePodSandbox
 
 client=ours
-command -v crictl >/dev/null && client=crictl
+type -P crictl >/dev/null && client=crictl  # (a PATH lookup: crictl is also the function above)
 "${client}_up"
 ip=$("${client}_ip")
 echo "pod $pod has $ip"

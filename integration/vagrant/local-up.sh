@@ -115,10 +115,11 @@ virsh pool-define-as default dir --target /var/lib/libvirt/images >/dev/null
 virsh pool-start default >/dev/null
 
 cd "$ROOT"
-log "PYCNI_BOX=$PYCNI_BOX vagrant up --provider libvirt"
+log "PYCNI_BOX=$PYCNI_BOX vagrant --no-tty up --provider libvirt"
 start=$SECONDS
 rc=0
-vagrant up --provider libvirt 2>&1 | tee "$LOG" || rc=$?
+# --no-tty: no progress bars (a 1.4 GB upload draws thousands) in the log
+vagrant --no-tty up --provider libvirt 2>&1 | tee "$LOG" || rc=$?
 took=$((SECONDS - start))
 if [ -n "$shell" ]; then
   log "a shell in the namespace (vagrant ssh, virsh list); exit to destroy"
