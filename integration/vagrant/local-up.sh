@@ -27,19 +27,9 @@ HOST_PACKAGES="vagrant vagrant-libvirt libvirt-daemon-system dnsmasq-base rsync 
 
 if [ "${1:-}" != --inside ]; then
   [ "$(id -u)" = 0 ] || { echo "make vagrant-test: run as root"; exit 2; }
-  want=""
-  for p in $HOST_PACKAGES; do
-    [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] \
-      || want="$want $p"
-  done
-  if [ -n "$want" ]; then
-    # (on a systemd host the package starts a libvirtd of the host's own: this run uses its own)
-    echo "vagrant-test: apt-get install$want"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    # shellcheck disable=SC2086
-    apt-get install -y -qq --no-install-recommends $want >/dev/null
-  fi
+  # (on a systemd host libvirt's package starts a libvirtd of the host's own: not used here)
+  # shellcheck disable=SC2086
+  "$ROOT/scripts/apt-install.sh" $HOST_PACKAGES | sed 's/^/vagrant-test: /'
   "${PYTHON:-$ROOT/.venv/bin/python}" "$ROOT/integration/vm/vm.py" --box
   mkdir -p "$OUT"
   set +e

@@ -18,20 +18,9 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 export DEBIAN_FRONTEND=noninteractive
 say() { printf 'provision: %s\n' "$*"; }
 
-missing() {  # the packages of "$@" that are not installed
-  local p
-  for p in "$@"; do
-    [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || echo "$p"
-  done
-}
-apt_install() {  # only what is missing, so that a node that has everything needs no mirror
-  local want
-  want=$(missing "$@")
-  [ -n "$want" ] || return 0
-  apt-get update -qq
-  # shellcheck disable=SC2086
-  apt-get install -y -qq --no-install-recommends $want >/dev/null
-}
+# only what is missing, so that a node that has everything needs no mirror
+apt_install() { "$ROOT/scripts/apt-install.sh" "$@" | sed 's/^/provision: /'; }
+installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]; }
 # A short timeout: offline, the answer is a refused or unroutable connection or silence.
 reachable() { curl -fsS --max-time 5 --retry 0 -o /dev/null "$1" 2>/dev/null; }
 
@@ -48,7 +37,7 @@ add_repo() {  # add_repo NAME URL: a signed apt source from pkgs.k8s.io
   fi
   echo "deb [signed-by=/etc/apt/keyrings/$name.gpg] $url/ /" > "/etc/apt/sources.list.d/$name.list"
 }
-if [ -z "$(missing cri-tools cri-o)" ]; then
+if installed cri-tools && installed cri-o; then
   say "CRI-O and crictl installed"
 elif reachable "$k8s_core/Release.key" && reachable "$k8s_crio/Release.key"; then
   apt_install gnupg
