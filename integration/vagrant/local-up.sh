@@ -53,7 +53,7 @@ cleanup() {
   cd "$ROOT"
   [ -z "$libvirtd_pid" ] || {
     log "vagrant destroy"
-    vagrant destroy -f 2>&1 | tee -a "$LOG" || true
+    vagrant destroy -f < /dev/null 2>&1 | tee -a "$LOG" || true
     # networks first: that stops their dnsmasq
     for net in $(virsh net-list --name 2>/dev/null); do virsh net-destroy "$net" >/dev/null || true; done
     for dom in $(virsh list --name 2>/dev/null); do virsh destroy "$dom" >/dev/null || true; done
@@ -109,7 +109,7 @@ log "PYCNI_BOX=$PYCNI_BOX vagrant --no-tty up --provider libvirt"
 start=$SECONDS
 rc=0
 # --no-tty: no progress bars (a 1.4 GB upload draws thousands) in the log
-vagrant --no-tty up --provider libvirt 2>&1 | tee "$LOG" || rc=$?
+vagrant --no-tty up --provider libvirt < /dev/null 2>&1 | tee "$LOG" || rc=$?
 took=$((SECONDS - start))
 if [ -n "$shell" ]; then
   log "a shell in the namespace (vagrant ssh, virsh list); exit to destroy"
