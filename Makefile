@@ -2,7 +2,8 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench reliability install clean vm-test vm-clean
+.PHONY: setup demo test lint bench reliability install clean vm-test vm-clean \
+	vagrant-box vagrant-test
 
 setup:
 	./scripts/setup.sh
@@ -33,6 +34,14 @@ vm-test: setup
 
 vm-clean:
 	python3 integration/vm/vm.py --clean
+
+# The same image as a local Vagrant box for libvirt, added as pycni/bookworm64; then the
+# Vagrantfile offline with it, in private namespaces, destroyed after (docs/kubernetes.md).
+vagrant-box: setup
+	$(PY) integration/vm/vm.py --box
+
+vagrant-test: setup
+	integration/vagrant/local-up.sh
 
 install: setup
 	$(PY) -m cni.cli install

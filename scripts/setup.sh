@@ -11,17 +11,8 @@ APT_RUNTIME="python3 python3-venv iproute2 nftables libnftables1 conntrack kmod"
 # Go and Debian's libcni to build our cnitool (integration/cnitool).
 APT_TEST="containernetworking-plugins iperf3 busybox-static procps psmisc iputils-ping ncat
   containerd runc podman buildah iptables curl util-linux golang-go golang-github-appc-cni-dev"
-want=""
-for p in $APT_RUNTIME ${PYCNI_TEST_PACKAGES:-$APT_TEST}; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || want="$want $p"
-done
-if [ -n "$want" ]; then
-  echo "setup: apt-get install$want"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  # shellcheck disable=SC2086
-  apt-get install -y -qq --no-install-recommends $want >/dev/null
-fi
+# shellcheck disable=SC2086
+scripts/apt-install.sh $APT_RUNTIME ${PYCNI_TEST_PACKAGES:-$APT_TEST} | sed 's/^/setup: /'
 
 # The distro's interpreter by default, not whichever python3 comes first on PATH: every plugin
 # exec starts it, and Debian's (static, PGO+LTO) starts in ~7.7 ms where a default source build

@@ -5,16 +5,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-$here/../../build/cnitool}
-want=""
-for p in golang-go golang-github-appc-cni-dev; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || want="$want $p"
-done
-if [ -n "$want" ]; then
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  # shellcheck disable=SC2086
-  apt-get install -y -qq --no-install-recommends $want >/dev/null
-fi
+"$here/../../scripts/apt-install.sh" golang-go golang-github-appc-cni-dev >/dev/null
 if [ -x "$out" ] && [ "$out" -nt "$here/cnitool.go" ]; then
   exit 0
 fi

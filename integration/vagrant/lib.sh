@@ -74,3 +74,41 @@ version = 2
       SystemdCgroup = true
 TOML
 }
+
+# cri ARGS...: kubelet's CRI calls to CRI_SOCKET (default containerd's) by our CRI client
+# (integration/cri), where there is no crictl; run, ip and rm print JSON.
+cri() {
+  (cd "$ROOT" && .venv/bin/python -m integration.cri.client \
+    --socket "${CRI_SOCKET:-/run/containerd/containerd.sock}" "$@")
+}
+json_key() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }
+
+# Images built offline from Debian's busybox-static (integration/clients.py, buildah from
+# scratch): a node without a registry pulls nothing. The sandbox image exits on SIGTERM as the
+# real pause does (as PID 1, `sleep` ignores it: a node's shutdown would wait out systemd's 90 s
+# stop timeout of the pod's scope).
+OFFLINE_PAUSE=localhost/pycni-pause:test
+OFFLINE_BUSYBOX=localhost/pycni-busybox:test
+PAUSE_CMD=(/bin/sh -c 'trap "exit 0" TERM INT; sleep 2147483647 & wait')
+# offline_image REF CMD...: built and imported into containerd's CRI namespace (k8s.io).
+offline_image() {
+  local ref=$1 work archive
+  shift
+  work=$(mktemp -d)
+  archive=$(cd "$ROOT/integration" && "$ROOT/.venv/bin/python" -c 'import sys
+from pathlib import Path
+import clients
+print(clients.build_image(Path(sys.argv[1]), sys.argv[2], cmd=tuple(sys.argv[3:])))' \
+    "$work" "$ref" "$@")
+  ctr -n k8s.io images import "$archive" >/dev/null
+  rm -rf "$work"
+}
+
+# containerd_offline: the node's containerd with containerd_config's CRI on pycni's dirs, its
+# sandbox image OFFLINE_PAUSE imported, and its CRI answering.
+containerd_offline() {
+  PYCNI_SANDBOX_IMAGE=$OFFLINE_PAUSE containerd_config
+  systemctl restart containerd
+  wait_until 60 "containerd's CRI" cri version
+  offline_image "$OFFLINE_PAUSE" "${PAUSE_CMD[@]}"
+}

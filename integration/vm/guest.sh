@@ -17,29 +17,6 @@ elapsed() { awk "BEGIN { printf \"%.2f\", $EPOCHREALTIME - $1 }"; }
 # The dead pods' host-local reservations and libcni cache entries (on disk, survive reboots).
 reservations() { ls "/var/lib/cni/networks/$NETWORK" | grep -v -e '^lock$' -e '^last_reserved_ip' || true; }
 cached() { ls /var/lib/cni/results | grep "^$NETWORK-cnitool-" || true; }
-# kubelet's CRI calls to the node's containerd, by our CRI client (integration/cri).
-cri() {
-  (cd "$ROOT" && .venv/bin/python -m integration.cri.client \
-    --socket /run/containerd/containerd.sock "$@")
-}
-json_key() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }
-# containerd's CRI on pycni's dirs, its sandbox image built offline as the tests build it, but
-# exiting on SIGTERM as the real pause does (as PID 1, `sleep` ignores it: the reboot would wait
-# out systemd's 90 s stop timeout of the pod's scope).
-cri_setup() {
-  local work archive
-  PYCNI_SANDBOX_IMAGE=localhost/pycni-pause:test containerd_config
-  systemctl restart containerd
-  wait_until 60 "containerd's CRI" cri version
-  work=$(mktemp -d)
-  archive=$(cd "$ROOT/integration" && "$ROOT/.venv/bin/python" -c 'import sys
-from pathlib import Path
-import clients
-pause = ("/bin/sh", "-c", "trap \"exit 0\" TERM INT; sleep 2147483647 & wait")
-print(clients.build_image(Path(sys.argv[1]), clients.PAUSE_IMAGE, cmd=pause))' "$work")
-  ctr -n k8s.io images import "$archive" >/dev/null
-  rm -rf "$work"
-}
 
 case ${1:?step} in
 setup)
@@ -103,9 +80,9 @@ pods-before-reboot)
   done
   # And a fourth the way kubelet makes one: RunPodSandbox on the node's containerd, with a
   # hostPort and the bandwidth annotations.
-  cri_setup
+  containerd_offline
   # (kubelet names a systemd slice as the pod cgroup parent: SystemdCgroup = true wants one)
-  cri run vm-cri-pod --wait-image localhost/pycni-pause:test --cgroup-parent system.slice \
+  cri run vm-cri-pod --wait-image "$OFFLINE_PAUSE" --cgroup-parent system.slice \
     --port 8099:80 \
     --annotation kubernetes.io/ingress-bandwidth=1M \
     --annotation kubernetes.io/egress-bandwidth=1M > "$STATE/cri.json"

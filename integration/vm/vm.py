@@ -13,6 +13,12 @@ CPU advertises vmx/svm.
 
     python3 integration/vm/vm.py [--keep] [--steps a,b,...]      (make vm-test)
     python3 integration/vm/vm.py --clean                         (make vm-clean)
+    python3 integration/vm/vm.py --box                           (make vagrant-box)
+
+`--box` makes the same image a local Vagrant box for the libvirt provider, build/vagrant/
+pycni-bookworm64.box, and adds it as pycni/bookworm64 (the Vagrantfile uses it when PYCNI_BOX
+names it): the image plus Vagrant's insecure key for its `vagrant` user, booted by libvirt with
+the image's own kernel and initrd (the disk has no bootloader).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ PACKAGES = sorted([
     "containernetworking-plugins", "iperf3", "busybox-static", "procps", "psmisc",
     "iputils-ping", "ncat", "containerd", "runc", "buildah", "iptables", "curl",
     "util-linux", "python3", "python3-venv", "golang-go", "golang-github-appc-cni-dev",
+    "rsync", "sudo",  # Vagrant's box (--box): its rsync synced folder, its `vagrant` user
 ])
 HOST_PACKAGES = ("mmdebstrap", "qemu-system-x86", "qemu-utils", "e2fsprogs", "openssh-client")
 
@@ -60,7 +67,14 @@ GUEST_FILES = {
     "etc/systemd/network/20-wired.network": "[Match]\nName=eth* en*\n\n[Network]\nDHCP=yes\n",
     "etc/ssh/sshd_config.d/pycni.conf": "PermitRootLogin prohibit-password\nUseDNS no\n",
     "etc/modules-load.d/pycni.conf": "br_netfilter\nifb\n8021q\n",
+    # Vagrant's user (the box's): no password, no key in the image itself; --box adds the key
+    "etc/sudoers.d/vagrant": "vagrant ALL=(ALL) NOPASSWD: ALL\n",
 }
+HOOKS = ('chroot "$1" systemctl enable systemd-networkd ssh',
+         'chroot "$1" useradd --create-home --shell /bin/bash --user-group vagrant')
+KERNEL_ARGS = "root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet"
+BOX_NAME = "pycni/bookworm64"
+BOX_DIR = ROOT / "build" / "vagrant"
 
 
 def say(line: str) -> None:
@@ -86,8 +100,8 @@ def logged(*cmd: str | Path, env: dict[str, str] | None = None) -> None:
 
 # --- host side: packages, image, wheelhouse ------------------------------------------------
 
-def host_packages() -> None:
-    missing = [p for p in HOST_PACKAGES
+def host_packages(extra: tuple[str, ...] = ()) -> None:
+    missing = [p for p in (*HOST_PACKAGES, *extra)
                if run("dpkg-query", "-W", "-f=${Status}", p, check=False,
                       capture_output=True, text=True).stdout != "install ok installed"]
     if missing:
@@ -97,8 +111,8 @@ def host_packages() -> None:
 
 
 def image_key() -> str:
-    text = "\n".join([SUITE, DISK_SIZE, *PACKAGES, *sorted(f"{k}={v}" for k, v in
-                                                           GUEST_FILES.items())])
+    text = "\n".join([SUITE, DISK_SIZE, *PACKAGES, *HOOKS,
+                      *sorted(f"{k}={v}" for k, v in GUEST_FILES.items())])
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -140,12 +154,13 @@ def build_image() -> Path:
     tmp.mkdir(parents=True)
     run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", tmp / "id_ed25519")
     logged("mmdebstrap", "--variant=apt", "--include=" + ",".join(PACKAGES),
-        "--customize-hook=chroot \"$1\" systemctl enable systemd-networkd ssh",
-        SUITE, tree, debian_mirror())
+        *(f"--customize-hook={hook}" for hook in HOOKS), SUITE, tree, debian_mirror())
     for rel, content in GUEST_FILES.items():
         path = tree / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
+        if rel.startswith("etc/sudoers.d/"):
+            path.chmod(0o440)  # sudo's own mode for its drop-ins
     ssh_dir = tree / "root" / ".ssh"
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
     (ssh_dir / "authorized_keys").write_text((tmp / "id_ed25519.pub").read_text())
@@ -187,6 +202,113 @@ def project_requirements() -> list[str]:
     return [*project["dependencies"], *project["optional-dependencies"]["dev"]]
 
 
+# --- the Vagrant box (--box) ---------------------------------------------------------------
+
+# The box's own Vagrantfile: vagrant-libvirt boots the image's kernel and initrd, shipped in the
+# box beside this file (the disk has no bootloader).
+BOX_VAGRANTFILE = """\
+# The box of `make vagrant-box` (integration/vm/vm.py --box): `make vm-test`'s image.
+Vagrant.configure("2") do |config|
+  config.vm.provider "libvirt" do |lv|
+    # stock kernels hang under a paravirtual /dev/kvm: KVM only when the CPU shows vmx/svm
+    lv.driver = File.read("/proc/cpuinfo") =~ /\\b(vmx|svm)\\b/ ? "kvm" : "qemu"
+    lv.kernel = File.join(File.dirname(__FILE__), "vmlinuz")
+    lv.initrd = File.join(File.dirname(__FILE__), "initrd.img")
+    lv.cmd_line = "{cmdline}"
+  end
+end
+"""
+
+
+def vagrant_public_keys() -> str:
+    """Vagrant's insecure public key(s), from the installed vagrant (Debian's or HashiCorp's
+    package): `vagrant up` logs in with them first, then puts a key of its own in their place."""
+    for pattern in ("/usr/share/vagrant/keys/vagrant.pub",
+                    "/usr/share/rubygems-integration/all/gems/vagrant-*/keys/vagrant.pub",
+                    "/opt/vagrant/embedded/gems/*/gems/vagrant-*/keys/vagrant.pub",
+                    "/opt/vagrant/embedded/gems/gems/vagrant-*/keys/vagrant.pub"):
+        for found in sorted(Path("/").glob(pattern.lstrip("/"))):
+            return found.read_text()
+    raise RuntimeError("no keys/vagrant.pub of an installed vagrant")
+
+
+def authorize_vagrant(disk: Path) -> None:
+    """Vagrant's insecure key into /home/vagrant/.ssh of the ext4 disk, with debugfs (no mount,
+    no boot): the box's only difference from the image."""
+    passwd = run("debugfs", "-R", "cat /etc/passwd", disk, capture_output=True, text=True)
+    ids = next(line.split(":")[2:4] for line in passwd.stdout.splitlines()
+               if line.startswith("vagrant:"))
+    keys = disk.parent / "authorized_keys"
+    keys.write_text(vagrant_public_keys())
+    ssh, auth = "/home/vagrant/.ssh", "/home/vagrant/.ssh/authorized_keys"
+    script = disk.parent / "debugfs.cmd"
+    script.write_text("\n".join([
+        f"mkdir {ssh}", f"cd {ssh}", f"write {keys} authorized_keys",
+        f"sif {ssh} mode 040700", f"sif {auth} mode 0100600",
+        *(f"sif {path} {field} {value}" for path in (ssh, auth)
+          for field, value in zip(("uid", "gid"), ids, strict=True)), ""]))
+    logged("debugfs", "-w", "-f", script, disk)
+    check = run("debugfs", "-R", f"cat {auth}", disk, capture_output=True, text=True)
+    if check.stdout != keys.read_text():  # debugfs reports its errors but exits 0
+        raise RuntimeError(f"debugfs did not write {auth}: {tail(HOST_LOG)}")
+
+
+def build_box(image: Path) -> Path:
+    """build/vagrant/pycni-bookworm64.box: a tar of box.img (qcow2), metadata.json, the box's
+    Vagrantfile and the image's kernel and initrd. Rebuilt when the image changed."""
+    box = BOX_DIR / "pycni-bookworm64.box"
+    stamp = BOX_DIR / "box.key"
+    if box.exists() and stamp.exists() and stamp.read_text() == image.name:
+        return box
+    tmp = BOX_DIR / "box.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    raw = tmp / "disk.raw"
+    run("cp", "--sparse=always", image / "disk.raw", raw)
+    authorize_vagrant(raw)
+    logged("qemu-img", "convert", "-O", "qcow2", raw, tmp / "box.img")
+    raw.unlink()
+    for name in ("vmlinuz", "initrd.img"):
+        shutil.copy(image / name, tmp / name)
+    gigabytes = int(DISK_SIZE.rstrip("G"))
+    (tmp / "metadata.json").write_text(
+        f'{{"provider": "libvirt", "format": "qcow2", "virtual_size": {gigabytes}}}\n')
+    (tmp / "Vagrantfile").write_text(BOX_VAGRANTFILE.replace("{cmdline}", KERNEL_ARGS))
+    run("tar", "-C", tmp, "-cf", f"{box}.tmp", "metadata.json", "Vagrantfile", "box.img",
+        "vmlinuz", "initrd.img")
+    Path(f"{box}.tmp").rename(box)
+    shutil.rmtree(tmp)
+    stamp.write_text(image.name)
+    return box
+
+
+def add_box(box: Path) -> str:
+    """`vagrant box add` of the box, unless this box file is already the one added."""
+    added = BOX_DIR / "box.added"
+    listed = run("vagrant", "box", "list", capture_output=True, text=True).stdout.split()
+    mark = f"{box.stat().st_mtime_ns} {os.environ.get('VAGRANT_HOME', '~/.vagrant.d')}"
+    if BOX_NAME in listed and added.exists() and added.read_text() == mark:
+        return "already added"
+    logged("vagrant", "box", "add", "--force", "--name", BOX_NAME, box)
+    added.write_text(mark)
+    return "added"
+
+
+def make_box() -> int:
+    start = time.monotonic()
+    host_packages(("vagrant",))
+    cached = (WORK / image_key() / "disk.raw").exists()
+    image = build_image()
+    say(f"image: {'cached' if cached else 'built'} {image.relative_to(ROOT)}")
+    say(f"wheelhouse: {wheelhouse().relative_to(ROOT)} (the Vagrantfile syncs it to "
+        "/opt/wheelhouse)")
+    box = build_box(image)
+    say(f"box: {box.relative_to(ROOT)} ({box.stat().st_size >> 20} MiB)")
+    say(f"vagrant box {BOX_NAME}: {add_box(box)} ({time.monotonic() - start:.0f}s)")
+    say(f"then: PYCNI_BOX={BOX_NAME} vagrant up --provider libvirt   (or make vagrant-test)")
+    return 0
+
+
 # --- the VM -----------------------------------------------------------------------------------
 
 def accel() -> list[str]:
@@ -218,7 +340,7 @@ class VM:
             "qemu-system-x86_64", *accel(), "-smp", "2", "-m", "2048", "-nographic",
             "-monitor", "none", "-serial", f"file:{self.serial}",
             "-kernel", str(self.image / "vmlinuz"), "-initrd", str(self.image / "initrd.img"),
-            "-append", "root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet",
+            "-append", KERNEL_ARGS,
             "-drive", f"file={overlay},if=virtio,format=qcow2",
             "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{self.port}-:22",
             "-device", "virtio-net-pci,netdev=n0"],
@@ -347,6 +469,8 @@ STEPS = ("setup", "install", "cnitool", "cri", "vlan", "pods-before-reboot", "re
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clean", action="store_true", help="remove build/vm and exit")
+    parser.add_argument("--box", action="store_true",
+                        help="build the image's Vagrant box (libvirt) and add it, then exit")
     parser.add_argument("--keep", action="store_true", help="leave the VM running at the end")
     parser.add_argument("--steps", default=",".join(STEPS), help="guest steps to run, in order")
     args = parser.parse_args()
@@ -357,6 +481,12 @@ def main() -> int:
     if os.geteuid() != 0:
         say("make vm-test: run as root (mmdebstrap, mkfs -d)")
         return 2
+    if args.box:
+        try:
+            return make_box()
+        except (RuntimeError, subprocess.CalledProcessError) as e:
+            say(f"make vagrant-box: {e}")
+            return 1
     steps = [s for s in args.steps.split(",") if s]
     # SIGTERM (a CI timeout, kill) unwinds like Ctrl-C, so the finally below stops the VM
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
