@@ -155,6 +155,11 @@ def build_image() -> Path:
     run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", tmp / "id_ed25519")
     logged("mmdebstrap", "--variant=apt", "--include=" + ",".join(PACKAGES),
         *(f"--customize-hook={hook}" for hook in HOOKS), SUITE, tree, debian_mirror())
+    # mmdebstrap only warns when it cannot unmount the tree's /proc (busy: anything on the host
+    # walking the tree at that moment); mkfs -d would then copy a live /proc and fail.
+    for mnt in ("dev/pts", "dev", "sys", "proc"):
+        if os.path.ismount(tree / mnt):
+            run("umount", "--lazy", tree / mnt)
     for rel, content in GUEST_FILES.items():
         path = tree / rel
         path.parent.mkdir(parents=True, exist_ok=True)
