@@ -67,12 +67,49 @@ def _veth(host) -> int:
         return links.get(ipr, "tcv0").index
 
 
+def _tbf_msg_class() -> type:
+    """pyroute2's tcmsg with tbf options that know TCA_TBF_RATE64: the oracle's encoder (tc.py
+    used it before it wrote tbf with rtnl.py)."""
+    global _TBF_MSG
+    if _TBF_MSG is not None:
+        return _TBF_MSG
+    from pyroute2.netlink import nla
+    from pyroute2.netlink.rtnl.tcmsg import sched_tbf, tcmsg
+
+    class tbf_options(nla):
+        nla_map = (
+            ("TCA_TBF_UNSPEC", "none"),
+            ("TCA_TBF_PARMS", "tbf_parms"),
+            ("TCA_TBF_RTAB", "hex"),
+            ("TCA_TBF_PTAB", "hex"),
+            ("TCA_TBF_RATE64", "uint64"),
+            ("TCA_TBF_PRATE64", "uint64"),
+            ("TCA_TBF_BURST", "uint32"),
+            ("TCA_TBF_PBURST", "uint32"),
+            ("TCA_TBF_PAD", "hex"),
+        )
+        tbf_parms = sched_tbf.options.tbf_parms
+
+    class tbfmsg(tcmsg):
+        @staticmethod
+        def get_options(self, *argv, **kwarg):
+            if self.get_attr("TCA_KIND") == "tbf":
+                return tbf_options
+            return tcmsg.get_options(self, *argv, **kwarg)
+
+    _TBF_MSG = tbfmsg
+    return tbfmsg
+
+
+_TBF_MSG: type | None = None
+
+
 def _pyroute2_tbf(ipr, index: int, t: tc.Tbf) -> None:
     """What tc.add_tbf sent through pyroute2 before it used rtnl.py."""
     from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
     from pyroute2.netlink.rtnl import RTM_NEWQDISC
 
-    msg = tc._tbf_msg_class()()
+    msg = _tbf_msg_class()()
     msg["family"], msg["index"], msg["handle"], msg["parent"] = 0, index, 0x10000, 0xFFFFFFFF
     parms = {"rate": t.rate & tc.U32_MAX, "peak": 0, "limit": t.limit, "buffer": t.buffer,
              "mtu": 0}

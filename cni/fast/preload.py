@@ -84,12 +84,6 @@ def compile_netlink_tables() -> int:
             continue
         roots += [v for v in vars(module).values()
                   if isinstance(v, type) and issubclass(v, nlmsg_base)]
-    try:
-        from cni.host import tc
-
-        roots.append(tc._tbf_msg_class())
-    except Exception:  # an optimisation only
-        pass
     for cls in roots:
         visit(cls)
     return len(seen)

@@ -164,11 +164,8 @@ def ensure_gateway(ifname: str, cidr: str, force: bool) -> None:
 
 def has(ipr, index: int, cidr: str) -> bool:
     want = ipaddress.ip_interface(cidr)
-    if hasattr(ipr, "raw"):  # SyncIPRoute: without pyroute2's decoder (see rtnl.py)
-        return any(ipaddress.ip_interface(a) == want for a in ipr.raw.addresses(index))
-    family = socket.AF_INET if want.version == 4 else socket.AF_INET6
-    return any(ipaddress.ip_interface(f"{m.get('IFA_ADDRESS')}/{m['prefixlen']}") == want
-               for m in ipr.get_addr(family=family, index=index))
+    # SyncIPRoute's rtnl.py reader, not pyroute2's decoder
+    return any(ipaddress.ip_interface(a) == want for a in ipr.raw.addresses(index))
 
 
 def enable_forwarding(version: int) -> None:

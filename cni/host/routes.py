@@ -60,28 +60,9 @@ def add(ipr, dst: str, oif: int, gw: str | None = None, *, mtu: int = 0, advmss:
 def find(ipr, dst: str, gw: str | None = None) -> list:
     """Routes (main table and others) to exactly `dst`, through `gw` if given."""
     want = ipaddress.ip_network(dst, strict=False)
-    if hasattr(ipr, "raw"):  # SyncIPRoute: without pyroute2's decoder (see rtnl.py)
-        return [(dst_len, got, gws) for dst_len, got, gws in ipr.raw.routes(family_of(dst))
-                if dst_len == want.prefixlen
-                and not (want.prefixlen and (got is None or ipaddress.ip_address(got)
-                                             != want.network_address))
-                and not (gw and gws and gw not in gws)]
-    found = []
-    for msg in ipr.get_routes(family=family_of(dst), table=None):
-        if msg["dst_len"] != want.prefixlen:
-            continue
-        got = msg.get("RTA_DST")
-        if want.prefixlen and (got is None or ipaddress.ip_address(got) != want.network_address):
-            continue
-        if gw and _gateways(msg) and gw not in _gateways(msg):
-            continue
-        found.append(msg)
-    return found
-
-
-def _gateways(msg) -> list[str]:
-    gws = [msg.get("RTA_GATEWAY")] if msg.get("RTA_GATEWAY") else []
-    for hop in msg.get("RTA_MULTIPATH") or []:
-        if hop.get("RTA_GATEWAY"):
-            gws.append(hop.get("RTA_GATEWAY"))
-    return gws
+    # SyncIPRoute's rtnl.py reader (not pyroute2's decoder): (dst_len, dst, gateways)
+    return [(dst_len, got, gws) for dst_len, got, gws in ipr.raw.routes(family_of(dst))
+            if dst_len == want.prefixlen
+            and not (want.prefixlen and (got is None or ipaddress.ip_address(got)
+                                         != want.network_address))
+            and not (gw and gws and gw not in gws)]

@@ -79,40 +79,6 @@ def tbf_for(rate_bits: int, burst_bits: int, ticks: float | None = None) -> Tbf:
     return Tbf(rate=rate, limit=limit, buffer=buffer)
 
 
-def _tbf_msg_class() -> type:
-    """A tcmsg whose tbf options know TCA_TBF_RATE64 (rates of 2^32 bytes/s and more)."""
-    global _TBF_MSG
-    if _TBF_MSG is not None:
-        return _TBF_MSG
-    from pyroute2.netlink import nla
-    from pyroute2.netlink.rtnl.tcmsg import sched_tbf, tcmsg
-
-    class tbf_options(nla):
-        nla_map = (
-            ("TCA_TBF_UNSPEC", "none"),
-            ("TCA_TBF_PARMS", "tbf_parms"),
-            ("TCA_TBF_RTAB", "hex"),
-            ("TCA_TBF_PTAB", "hex"),
-            ("TCA_TBF_RATE64", "uint64"),
-            ("TCA_TBF_PRATE64", "uint64"),
-            ("TCA_TBF_BURST", "uint32"),
-            ("TCA_TBF_PBURST", "uint32"),
-            ("TCA_TBF_PAD", "hex"),
-        )
-        tbf_parms = sched_tbf.options.tbf_parms
-
-    class tbfmsg(tcmsg):
-        @staticmethod
-        def get_options(self, *argv, **kwarg):
-            if self.get_attr("TCA_KIND") == "tbf":
-                return tbf_options
-            return tcmsg.get_options(self, *argv, **kwarg)
-
-    _TBF_MSG = tbfmsg
-    return tbfmsg
-
-
-_TBF_MSG: type | None = None
 
 
 # The writes are built with rtnl.py, byte for byte what pyroute2 sent for them
@@ -153,20 +119,7 @@ def add_tbf(ipr: IPRoute, index: int, tbf: Tbf) -> None:
 
 def read_tbf(ipr: IPRoute, index: int) -> Tbf | None:
     """The root tbf of the link as the kernel reports it, or None if the root is not tbf."""
-    if hasattr(ipr, "raw"):  # SyncIPRoute: read without pyroute2's decoder (see rtnl.py)
-        return _raw_tbf(ipr.raw, index)
-    for q in ipr.get_qdiscs(index):
-        if q["parent"] != TC_H_ROOT or q.get_attr("TCA_KIND") != "tbf":
-            continue
-        # Decode again with our class: pyroute2's own drops TCA_TBF_RATE64.
-        raw = q.data[q.offset:q.offset + q["header"]["length"]]
-        msg = _tbf_msg_class()(raw)
-        msg.decode()
-        opts = msg.get_attr("TCA_OPTIONS")
-        parms = opts.get_attr("TCA_TBF_PARMS")
-        rate = opts.get_attr("TCA_TBF_RATE64") or parms["rate"]
-        return Tbf(rate=rate, limit=parms["limit"], buffer=parms["buffer"])
-    return None
+    return _raw_tbf(ipr.raw, index)  # SyncIPRoute's rtnl.py reader, not pyroute2's decoder
 
 
 _TBF_PARMS, _TBF_RATE64 = 1, 4  # TCA_TBF_*
@@ -188,19 +141,12 @@ def _raw_tbf(raw: Rtnl, index: int) -> Tbf | None:
 
 
 def root_kind(ipr: IPRoute, index: int) -> str | None:
-    if hasattr(ipr, "raw"):
-        return next((kind for parent, kind, _ in ipr.raw.qdiscs(index) if parent == TC_H_ROOT),
-                    None)
-    for q in ipr.get_qdiscs(index):
-        if q["parent"] == TC_H_ROOT:
-            return q.get_attr("TCA_KIND")
-    return None
+    return next((kind for parent, kind, _ in ipr.raw.qdiscs(index) if parent == TC_H_ROOT),
+                None)
 
 
 def has_ingress(ipr: IPRoute, index: int) -> bool:
-    if hasattr(ipr, "raw"):
-        return any(parent == TC_H_INGRESS for parent, _, _ in ipr.raw.qdiscs(index))
-    return any(q["parent"] == TC_H_INGRESS for q in ipr.get_qdiscs(index))
+    return any(parent == TC_H_INGRESS for parent, _, _ in ipr.raw.qdiscs(index))
 
 
 def add_ingress(ipr: IPRoute, index: int) -> None:
@@ -229,32 +175,15 @@ def add_redirect(ipr: IPRoute, index: int, target: int) -> None:
 
 def redirect_targets(ipr: IPRoute, index: int) -> list[int]:
     """Ifindexes the link's ingress filters redirect to (mirred actions)."""
-    if hasattr(ipr, "raw"):
-        return [t for f in ipr.raw.filter_redirects(index, INGRESS_HANDLE) for t in f]
-    return _mirred_targets(ipr.get_filters(index=index, parent=INGRESS_HANDLE))
+    return [t for f in ipr.raw.filter_redirects(index, INGRESS_HANDLE) for t in f]
 
 
 def ingress_is_for(ipr: IPRoute, index: int, target: int) -> bool:
     """Whether the link's ingress qdisc belongs to a redirect to `target`: it redirects there,
     or it has no filter at all (an ADD killed between the qdisc and its redirect leaves that)."""
-    if hasattr(ipr, "raw"):
-        found = ipr.raw.filter_redirects(index, INGRESS_HANDLE)
-        return any(target in f for f in found) if found else has_ingress(ipr, index)
-    filters = list(ipr.get_filters(index=index, parent=INGRESS_HANDLE))
-    return target in _mirred_targets(filters) if filters else has_ingress(ipr, index)
+    found = ipr.raw.filter_redirects(index, INGRESS_HANDLE)
+    return any(target in f for f in found) if found else has_ingress(ipr, index)
 
-
-def _mirred_targets(filters) -> list[int]:
-    targets = []
-    for f in filters:
-        opts = f.get_attr("TCA_OPTIONS")
-        acts = opts.get_attr("TCA_U32_ACT") if opts is not None else None
-        for act in (acts.get("attrs", []) if acts is not None else []):
-            mirred = act[1].get_attr("TCA_ACT_OPTIONS")
-            parms = mirred.get_attr("TCA_MIRRED_PARMS") if mirred is not None else None
-            if parms is not None:
-                targets.append(parms["ifindex"])
-    return targets
 
 
 def delete_root(ipr: IPRoute, index: int) -> None:
