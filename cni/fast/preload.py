@@ -12,9 +12,7 @@ log = logging.getLogger("pycni.daemon")
 HEAVY_MODULES = ("cni.host.nlsync", "pydantic", "nftables", "cni.skel")
 # Imported inside functions on the request path: imported here, or every child pays for it
 # (bandwidth's tc/ifb/peer alone cost ~3 ms a request: module bodies, dataclass builds).
-LAZY_MODULES = ("cni.host.nlsync_conntrack", "pyroute2.netlink.exceptions",
-                "pyroute2.netlink.nfnetlink.nfctsocket", "pyroute2.netlink.rtnl.tcmsg",
-                "traceback")
+LAZY_MODULES = ("pyroute2.netlink.exceptions", "pyroute2.netlink.rtnl.tcmsg", "traceback")
 PACKAGES = ("cni.spec", "cni.host", "cni.ipam", "cni.plugins")  # every module in them, too
 
 
@@ -45,13 +43,12 @@ def preimport(extra: tuple[str, ...] = ()) -> list[str]:
     return missing
 
 
-# The netlink messages requests build and parse (rtnetlink, tc, conntrack), by module.
+# The netlink messages requests build and parse (rtnetlink, tc), by module.
 _TC = "pyroute2.netlink.rtnl.tcmsg"
 NETLINK_MODULES = ("pyroute2.netlink", "pyroute2.netlink.rtnl.ifinfmsg",
                    "pyroute2.netlink.rtnl.ifaddrmsg", "pyroute2.netlink.rtnl.rtmsg", _TC,
                    f"{_TC}.common", f"{_TC}.common_act", f"{_TC}.sched_tbf",
-                   f"{_TC}.sched_template", f"{_TC}.cls_u32", f"{_TC}.act_mirred",
-                   "pyroute2.netlink.nfnetlink.nfctsocket")
+                   f"{_TC}.sched_template", f"{_TC}.cls_u32", f"{_TC}.act_mirred")
 
 
 def compile_netlink_tables() -> int:

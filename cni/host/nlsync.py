@@ -9,9 +9,8 @@ waiting for the reply; here that wait is a blocking recv, so each coroutine runs
 in one step and no loop is needed. Everything else (request building, NLA encoding, message
 parsing, NetlinkError) is pyroute2's own code.
 
-Used for the sockets cni.host.netns hands out, and for conntrack (portmap's UDP flush,
-nlsync_conntrack.py: its import is kept off the other plugins' path). They subscribe to no
-multicast group: the only messages a socket receives are replies to its own requests.
+Used for the sockets cni.host.netns hands out. They subscribe to no multicast group: the only
+messages a socket receives are replies to its own requests.
 """
 
 from __future__ import annotations

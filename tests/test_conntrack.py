@@ -1,0 +1,66 @@
+"""portmap's UDP conntrack flush (cni/host/conntrack.py) on real conntrack tables, read back
+with the conntrack tool: only UDP entries of the given family and ports go, zones included."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from cni.host import conntrack, netns
+
+pytestmark = pytest.mark.root
+
+SRC = {4: "192.0.2.10", 6: "2001:db8::10"}
+DST = {4: "192.0.2.1", 6: "2001:db8::1"}
+
+
+def insert(ns, family: int, port: int, proto: str = "udp", zone: int | None = None) -> None:
+    """A replied entry from SRC:40000 to DST:port, as a client of a hostPort leaves it."""
+    ports = (["--sport", "40000", "--dport", str(port), "--reply-port-src", str(port),
+              "--reply-port-dst", "40000"])
+    state = ["-u", "SEEN_REPLY"] if proto == "udp" else ["--state", "ESTABLISHED"]
+    ns.run("conntrack", "-I", "-p", proto, "-s", SRC[family],
+           "-d", DST[family], "-r", DST[family], "-q", SRC[family], *ports, "-t", "60",
+           *state, *(["-w", str(zone)] if zone is not None else []))
+
+
+def listed(ns, family: int) -> list[str]:
+    out = ns.run("conntrack", "-L", "-f", f"ipv{family}", check=False).stdout
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def flush(ns, family: int, ports: set[int]) -> int:
+    with netns.entered(ns.path):
+        return conntrack.delete_udp_dport(family, ports)
+
+
+def test_only_udp_entries_to_the_ports_of_the_family_go(host) -> None:
+    for family in (4, 6):
+        insert(host, family, 5353)
+        insert(host, family, 5454)
+        insert(host, family, 5353, proto="tcp")
+    insert(host, 4, 5353, zone=7)  # a zone is part of the key: the delete must name it
+    insert(host, 6, 5454, zone=7)
+    assert flush(host, 4, {5353}) == 2
+    v4 = listed(host, 4)
+    assert not [e for e in v4 if "udp" in e and "dport=5353" in e]
+    assert [e for e in v4 if "udp" in e and "dport=5454" in e]
+    assert [e for e in v4 if "tcp" in e and "dport=5353" in e]
+    assert len([e for e in listed(host, 6) if "udp" in e]) == 3  # the other family: untouched
+    assert flush(host, 6, {5353, 5454}) == 3
+    assert not [e for e in listed(host, 6) if "udp" in e]
+    assert flush(host, 4, {5353}) == 0  # nothing left to delete: not an error
+
+
+def test_a_namespace_tracking_nothing_is_not_dumped(host, monkeypatch) -> None:
+    """Dumping walks the whole (shared) conntrack hash table; with no entry it is skipped."""
+    def no_socket(*_a, **_k):
+        raise AssertionError("a netlink socket was opened")
+
+    with netns.entered(host.path):
+        monkeypatch.setattr(socket, "socket", no_socket)
+        assert conntrack.delete_udp_dport(4, {5353}) == 0
+        monkeypatch.undo()
+        insert(host, 4, 5353)
+        assert conntrack.delete_udp_dport(4, {5353}) == 1
