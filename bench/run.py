@@ -90,6 +90,17 @@ class Lab:
             raise OSError(ctypes.get_errno(), "setns into the bench host netns")
         os.close(fd)
         subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+        self.track_a_flow()
+
+    @staticmethod
+    def track_a_flow() -> None:
+        """A node's conntrack table is never empty: with one entry here, portmap's UDP flush
+        (both sides) walks the kernel's conntrack hash, as on a node, instead of skipping an
+        empty namespace. A TCP entry, renewed for the whole run: the flush keeps it."""
+        subprocess.run(["conntrack", "-I", "-p", "tcp", "-s", "192.0.2.10", "-d", "192.0.2.1",
+                        "-r", "192.0.2.1", "-q", "192.0.2.10", "--sport", "40000", "--dport",
+                        "80", "--reply-port-src", "80", "--reply-port-dst", "40000", "-t",
+                        "86400", "--state", "ESTABLISHED"], check=True, capture_output=True)
 
     def pod(self) -> str:
         name = f"bench-pod-{secrets.token_hex(4)}"
