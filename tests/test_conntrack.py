@@ -30,9 +30,9 @@ def listed(ns, family: int) -> list[str]:
     return [line for line in out.splitlines() if line.strip()]
 
 
-def flush(ns, family: int, ports: set[int]) -> int:
+def flush(ns, ports: dict[int, set[int]]) -> int:
     with netns.entered(ns.path):
-        return conntrack.delete_udp_dport(family, ports)
+        return conntrack.delete_udp_dport(ports)
 
 
 def test_only_udp_entries_to_the_ports_of_the_family_go(host) -> None:
@@ -42,15 +42,27 @@ def test_only_udp_entries_to_the_ports_of_the_family_go(host) -> None:
         insert(host, family, 5353, proto="tcp")
     insert(host, 4, 5353, zone=7)  # a zone is part of the key: the delete must name it
     insert(host, 6, 5454, zone=7)
-    assert flush(host, 4, {5353}) == 2
+    assert flush(host, {4: {5353}}) == 2
     v4 = listed(host, 4)
     assert not [e for e in v4 if "udp" in e and "dport=5353" in e]
     assert [e for e in v4 if "udp" in e and "dport=5454" in e]
     assert [e for e in v4 if "tcp" in e and "dport=5353" in e]
     assert len([e for e in listed(host, 6) if "udp" in e]) == 3  # the other family: untouched
-    assert flush(host, 6, {5353, 5454}) == 3
+    assert flush(host, {6: {5353, 5454}}) == 3
     assert not [e for e in listed(host, 6) if "udp" in e]
-    assert flush(host, 4, {5353}) == 0  # nothing left to delete: not an error
+    assert flush(host, {4: {5353}}) == 0  # nothing left to delete: not an error
+
+
+def test_both_families_each_with_its_ports(host) -> None:
+    for family in (4, 6):
+        for port in (5353, 5454):
+            insert(host, family, port)
+    insert(host, 6, 5353, zone=7)
+    assert flush(host, {4: {5353}, 6: {5454}}) == 2
+    assert sorted(e.split("dport=")[1].split()[0] for e in listed(host, 4)) == ["5454"]
+    assert sorted(e.split("dport=")[1].split()[0] for e in listed(host, 6)) == ["5353",
+                                                                              "5353"]
+    assert flush(host, {4: set(), 6: {5353}}) == 2
 
 
 def test_a_namespace_tracking_nothing_is_not_dumped(host, monkeypatch) -> None:
@@ -60,7 +72,7 @@ def test_a_namespace_tracking_nothing_is_not_dumped(host, monkeypatch) -> None:
 
     with netns.entered(host.path):
         monkeypatch.setattr(socket, "socket", no_socket)
-        assert conntrack.delete_udp_dport(4, {5353}) == 0
+        assert conntrack.delete_udp_dport({4: {5353}}) == 0
         monkeypatch.undo()
         insert(host, 4, 5353)
-        assert conntrack.delete_udp_dport(4, {5353}) == 1
+        assert conntrack.delete_udp_dport({4: {5353}}) == 1

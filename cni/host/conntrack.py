@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import errno
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from cni.host.rtnl import Rtnl, attr, attr_list
 
@@ -41,27 +41,29 @@ _AF = {4: socket.AF_INET, 6: socket.AF_INET6}
 COUNT = "/proc/sys/net/netfilter/nf_conntrack_count"  # per namespace: the reader's
 
 
-def delete_udp_dport(family: int, ports: Iterable[int]) -> int:
-    """Delete every UDP entry of `family` whose original destination port is in `ports`.
+def delete_udp_dport(ports: Mapping[int, Iterable[int]]) -> int:
+    """Delete every UDP entry whose original destination port is in `ports[family]` (family
+    4 or 6): a dump per family (the kernel filters on the protocol only within one family).
 
     Returns how many were deleted; entries that vanish meanwhile are not an error.
     """
-    wanted = {int(p) for p in ports}
+    wanted = {_AF[family]: {int(p) for p in each} for family, each in ports.items()}
+    wanted = {af: each for af, each in wanted.items() if each}
     if not wanted or not _tracks_anything():
         return 0
-    af = _AF[family]
     deleted = 0
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
                          _NETLINK_NETFILTER)
     try:
         nl = Rtnl(sock)
-        for orig, zone in _udp_entries(nl, af, wanted):
-            try:
-                nl.request(_CT_DELETE, 0, _nfgen(af) + orig + zone)
-                deleted += 1
-            except OSError as e:
-                if e.errno != errno.ENOENT:
-                    raise
+        for af, each in wanted.items():
+            for orig, zone in _udp_entries(nl, af, each):
+                try:
+                    nl.request(_CT_DELETE, 0, _nfgen(af) + orig + zone)
+                    deleted += 1
+                except OSError as e:
+                    if e.errno != errno.ENOENT:
+                        raise
     finally:
         sock.close()
     return deleted
@@ -80,9 +82,9 @@ def _tracks_anything() -> bool:
 
 
 def _udp_entries(nl: Rtnl, af: int, ports: set[int]) -> list[tuple[bytes, bytes]]:
-    """(CTA_TUPLE_ORIG attribute, CTA_ZONE attribute or b"") of each UDP entry to `ports`,
-    ready to be sent back in a delete. The kernel (5.8+) keeps only UDP in the dump; the
-    protocol is checked here again for older kernels, which ignore the filter."""
+    """(CTA_TUPLE_ORIG attribute, CTA_ZONE attribute or b"") of each UDP entry of family `af`
+    to `ports`, ready to be sent back in a delete. The kernel (5.8+) keeps only UDP in the
+    dump; older kernels ignore the filter, so the protocol is checked here again."""
     proto = attr(_CTA_TUPLE_PROTO | _NLA_F_NESTED, attr(_CTA_PROTO_NUM, bytes([IPPROTO_UDP])))
     flags = (attr(_CTA_FILTER_ORIG_FLAGS, _FILTER_PROTO_NUM.to_bytes(4, "little"))
              + attr(_CTA_FILTER_REPLY_FLAGS, bytes(4)))

@@ -71,8 +71,7 @@ def add(req: Request) -> Result:
             hostport.route_localnet_toward(ips[4])
         # After the rules are in, so the next packet of a stale UDP flow meets them.
         udp = {m.host_port for m in mappings if m.protocol == "udp"}
-        for family in ips:
-            _flush_udp(req, family, udp)
+        _flush_udp(req, {family: udp for family in ips})
     return req.prev_result
 
 
@@ -81,8 +80,7 @@ def delete(req: Request) -> None:
     chain = record(req)
     found = _delete_found(lambda lst: (_ours(req, lst),
                                        [chain] if chain in lst.chains else []))
-    for family, rules in found.items():
-        _flush_udp(req, family, hostport.udp_host_ports(rules))
+    _flush_udp(req, {family: hostport.udp_host_ports(rules) for family, rules in found.items()})
 
 
 def check(req: Request) -> None:
@@ -126,8 +124,7 @@ def gc(req: Request) -> None:
         return rules, chains
 
     found = _delete_found(stale)
-    for family, rules in found.items():
-        _flush_udp(req, family, hostport.udp_host_ports(rules))
+    _flush_udp(req, {family: hostport.udp_host_ports(rules) for family, rules in found.items()})
 
 
 def status(req: Request) -> None:
@@ -300,9 +297,10 @@ def _apply(script: Callable[[], str]) -> None:
                                f"unable to set up nftables rules for port mappings: {e}") from None
 
 
-def _flush_udp(req: Request, family: int, ports: set[int]) -> None:
+def _flush_udp(req: Request, ports: dict[int, set[int]]) -> None:
     """Informative only on failure, as in the reference: the rules are already right."""
     try:
-        conntrack.delete_udp_dport(family, ports)
+        conntrack.delete_udp_dport(ports)
     except Exception as e:  # a conntrack hiccup must not fail ADD/DEL
-        req.log(f"failed to delete stale UDP conntrack entries (ports {sorted(ports)}): {e}")
+        each = sorted(set().union(*ports.values()))
+        req.log(f"failed to delete stale UDP conntrack entries (ports {each}): {e}")
