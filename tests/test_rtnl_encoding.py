@@ -260,3 +260,24 @@ def test_route_get(host, address) -> None:
 def test_refuses_what_it_cannot_encode(bad) -> None:
     with pytest.raises(ValueError):
         bad()
+
+
+def test_marked_ifbs_as_pyroute2_read_them(host) -> None:
+    """ifb.marked (bandwidth's GC) reads the link dump with rtnl.py: the same ifbs, names,
+    indexes and MACs as pyroute2's get_links gave."""
+    from cni.host import ifb
+
+    host.run("ip", "link", "add", "rtifb9", "type", "ifb")  # no mark: never ours
+    host.run("ip", "link", "add", "rtv0", "type", "veth", "peer", "name", "rtv1")
+    host.run("ip", "link", "set", "rtv0", "alias", ifb.alias_for("net", "cid0"))  # not an ifb
+    with spied(host.path) as (ipr, _):
+        made = [ifb.create(ipr, f"rtifb{i}", 1500, "net", f"cid{i}") for i in range(2)]
+        theirs = []
+        for link in ipr.get_links():
+            info = link.get_attr("IFLA_LINKINFO")
+            parts = (link.get_attr("IFLA_IFALIAS") or "").split(" ")
+            if info is not None and info.get_attr("IFLA_INFO_KIND") == "ifb" and \
+                    len(parts) == 3 and parts[0] == ifb.MARK:
+                theirs.append(ifb.Ifb(link.get_attr("IFLA_IFNAME"), link["index"],
+                                      link.get_attr("IFLA_ADDRESS"), parts[1], parts[2]))
+        assert ifb.marked(ipr) == theirs == made

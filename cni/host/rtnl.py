@@ -11,12 +11,14 @@ filters): pyroute2 decoded every qdisc of the host for each (~half of a bandwidt
 from __future__ import annotations
 
 import errno
-import ipaddress
 import os
 import socket
 import struct
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the requests take parsed addresses; loopback's path never imports these
+    import ipaddress
+    from collections.abc import Mapping
 
 RTM_NEWLINK = 16
 RTM_DELLINK = 17
@@ -384,6 +386,16 @@ class Rtnl:
                 return None
             raise
         return next((parse_link(p) for t, p in replies if t == RTM_NEWLINK), None)
+
+    def link_dump(self) -> list[tuple[dict[str, Any], str]]:
+        """Every link of the namespace as parse_link reads it, with its IFLA_IFALIAS ("" if
+        none)."""
+        found = []
+        for mtype, payload in self.request(RTM_GETLINK, NLM_F_DUMP, IFINFO.pack(0, 0, 0, 0, 0)):
+            if mtype == RTM_NEWLINK:
+                alias = attrs(payload, IFINFO.size).get(IFLA_IFALIAS, b"")
+                found.append((parse_link(payload), _text(alias)))
+        return found
 
     def set_up(self, index: int, up: bool) -> None:
         self.request(RTM_NEWLINK, 0, IFINFO.pack(0, 0, index, IFF_UP if up else 0, IFF_UP))
