@@ -160,7 +160,7 @@ def ensure_gateway(ifname: str, cidr: str, force: bool) -> None:
 
 def has(ipr, index: int, cidr: str) -> bool:
     want = ipaddress.ip_interface(cidr)
-    # SyncIPRoute's rtnl.py reader, not pyroute2's decoder
+    # the socket's rtnl.py reader, not pyroute2's decoder
     return any(ipaddress.ip_interface(a) == want for a in ipr.raw.addresses(index))
 
 

@@ -50,7 +50,7 @@ def add(ipr, dst: str, oif: int, gw: str | None = None, *, mtu: int = 0, advmss:
 def find(ipr, dst: str, gw: str | None = None) -> list:
     """Routes (main table and others) to exactly `dst`, through `gw` if given."""
     want = ipaddress.ip_network(dst, strict=False)
-    # SyncIPRoute's rtnl.py reader (not pyroute2's decoder): (dst_len, dst, gateways)
+    # the socket's rtnl.py reader (not pyroute2's decoder): (dst_len, dst, gateways)
     return [(dst_len, got, gws) for dst_len, got, gws in ipr.raw.routes(family_of(dst))
             if dst_len == want.prefixlen
             and not (want.prefixlen and (got is None or ipaddress.ip_address(got)
