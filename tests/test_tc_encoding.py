@@ -3,47 +3,15 @@ pyroute2 sent for the same calls (pyroute2 is the oracle here), and the kernel t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import pytest
+from netlink_spy import HEADER as _HEADER
+from netlink_spy import spied
 
 from cni.host import ifb, links, netns, tc
-from cni.host.nlsync import SyncIPRoute
 
 pytestmark = pytest.mark.root
-
-_HEADER = 16  # nlmsghdr: its sequence number and port id differ between the two senders
-
-
-class _Spy:
-    """A socket that records what is sent through it."""
-
-    def __init__(self, sock) -> None:
-        self.sock, self.sent = sock, []
-
-    def __getattr__(self, name: str):
-        return getattr(self.sock, name)
-
-    def send(self, data, *args):
-        self.sent.append(bytes(data))
-        return self.sock.send(data, *args)
-
-    def sendto(self, data, *args):
-        self.sent.append(bytes(data))
-        return self.sock.sendto(data, *args)
-
-
-@contextmanager
-def spied(host_path: str) -> Iterator[tuple[SyncIPRoute, list[bytes]]]:
-    with netns.entered(host_path):
-        ipr = SyncIPRoute()
-    spy = _Spy(ipr.raw.sock)
-    ipr.raw.sock = spy
-    try:
-        yield ipr, spy.sent
-    finally:
-        spy.sock.close()
 
 
 def changes(sent: list[bytes]) -> list[bytes]:

@@ -8,8 +8,9 @@ import logging
 
 log = logging.getLogger("pycni.daemon")
 
-# cni.host.nlsync: pyroute2's IPRoute, imported by submodule (lean_pyroute2: not its __init__).
-HEAVY_MODULES = ("cni.host.nlsync", "pydantic", "nftables", "cni.skel")
+# cni.host.nlsync_iproute: pyroute2's IPRoute, imported by submodule (lean_pyroute2: not its
+# __init__), for the requests that still call it (VLANs, GC).
+HEAVY_MODULES = ("cni.host.nlsync_iproute", "pydantic", "nftables", "cni.skel")
 # Imported inside functions on the request path: imported here, or every child pays for it
 # (bandwidth's tc/ifb/peer alone cost ~3 ms a request: module bodies, dataclass builds).
 LAZY_MODULES = ("pyroute2.netlink.exceptions", "pyroute2.netlink.rtnl.tcmsg", "traceback")

@@ -11,7 +11,7 @@ import ipaddress
 import socket
 import time
 
-from cni.host import links, netns, routes, sysctl
+from cni.host import links, netns, routes, rtnl, sysctl
 from cni.host.errors import HostError
 
 IFA_F_NODAD = 0x02
@@ -43,12 +43,13 @@ def set_arp_notify(ifname: str) -> None:
         pass
 
 
-def broadcast(iface: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> dict:
+def broadcast(iface: ipaddress.IPv4Interface | ipaddress.IPv6Interface
+              ) -> ipaddress.IPv4Address | None:
     """The `brd` an IPv4 address gets (the subnet's broadcast, as the reference's netlink
     AddrAdd computes it; none for /31 and /32); IPv6 has none."""
     if iface.version == 4 and iface.network.prefixlen < 31:
-        return {"broadcast": str(iface.network.broadcast_address)}
-    return {}
+        return iface.network.broadcast_address
+    return None
 
 
 def _enable_ipv6(ifname: str) -> None:
@@ -75,9 +76,9 @@ def configure_iface(ifname: str, ips: list[dict], route_list: list[dict]) -> Non
     """Add the addresses, set the link up, wait for DAD, add the routes (current namespace).
 
     `ips` are the result's entries for this interface; a route without gw goes through the
-    first gateway of its family.
+    first gateway of its family. Requests built with rtnl.py, byte for byte pyroute2's.
     """
-    from pyroute2.netlink.exceptions import NetlinkError
+    from pyroute2.netlink.exceptions import NetlinkError  # its module alone (nlsocket.py)
 
     with netns.iproute() as ipr:
         link = links.get(ipr, ifname)
@@ -91,8 +92,7 @@ def configure_iface(ifname: str, ips: list[dict], route_list: list[dict]) -> Non
                 _enable_ipv6(ifname)
                 v6 = True
             try:
-                ipr.addr("add", index=link.index, address=str(iface.ip),
-                         prefixlen=iface.network.prefixlen, **broadcast(iface))
+                ipr.request_raw(*rtnl.addr_add(link.index, iface, broadcast(iface)))
             except NetlinkError as e:
                 raise _err(f'failed to add IP addr {ipc["address"]} to "{ifname}": '
                            f"{e.args[1] if len(e.args) > 1 else e}") from None
@@ -114,11 +114,9 @@ def settle(ipr, index: int, ifname: str, timeout: float = SETTLE_SECONDS) -> Non
     deadline = time.monotonic() + timeout
     while True:
         tentative = False
-        for msg in ipr.get_addr(family=socket.AF_INET6, index=index):
-            flags = msg.get("IFA_FLAGS") or msg["flags"]
+        for address, _, flags in ipr.raw.address_entries(index, socket.AF_INET6):
             if flags & IFA_F_DADFAILED:
-                raise _err(f"link {ifname} has address {msg.get('IFA_ADDRESS')} in DADFAILED "
-                           "state")
+                raise _err(f"link {ifname} has address {address} in DADFAILED state")
             tentative = tentative or bool(flags & IFA_F_TENTATIVE)
         if not tentative:
             return
@@ -133,7 +131,7 @@ def ensure_gateway(ifname: str, cidr: str, force: bool) -> None:
     IPv4: another address on the bridge is an error unless forceAddress, which replaces it.
     IPv6: several addresses are fine unless their subnets overlap (then the same rule).
     """
-    from pyroute2.netlink.exceptions import NetlinkError
+    from pyroute2.netlink.exceptions import NetlinkError  # its module alone (nlsocket.py)
 
     want = ipaddress.ip_interface(cidr)
     family = socket.AF_INET if want.version == 4 else socket.AF_INET6
@@ -141,8 +139,8 @@ def ensure_gateway(ifname: str, cidr: str, force: bool) -> None:
         link = links.get(ipr, ifname)
         if link is None:
             raise _err(f'could not lookup "{ifname}": Link not found')
-        for msg in ipr.get_addr(family=family, index=link.index):
-            have = ipaddress.ip_interface(f"{msg.get('IFA_ADDRESS')}/{msg['prefixlen']}")
+        for address, prefixlen, _ in ipr.raw.address_entries(link.index, family):
+            have = ipaddress.ip_interface(f"{address}/{prefixlen}")
             if have == want:
                 return
             if have.is_link_local and want.version == 6:
@@ -150,13 +148,11 @@ def ensure_gateway(ifname: str, cidr: str, force: bool) -> None:
             if (want.version == 4 or want.ip in have.network or have.ip in want.network):
                 if not force:
                     raise _err(f'"{ifname}" already has an IP address different from {cidr}')
-                ipr.addr("del", index=link.index, address=str(have.ip),
-                         prefixlen=have.network.prefixlen)
+                ipr.request_raw(*rtnl.addr_del(link.index, have))
         # No DAD for a v6 gateway: pods can use it as soon as ADD returns, not ~2 s later.
-        flags = {"flags": IFA_F_NODAD} if want.version == 6 else broadcast(want)
+        flags = IFA_F_NODAD if want.version == 6 else 0
         try:
-            ipr.addr("add", index=link.index, address=str(want.ip),
-                     prefixlen=want.network.prefixlen, **flags)
+            ipr.request_raw(*rtnl.addr_add(link.index, want, broadcast(want), flags))
         except NetlinkError as e:
             if e.code != errno.EEXIST:
                 raise _err(f'could not add IP address to "{ifname}": {e}') from None
@@ -164,7 +160,7 @@ def ensure_gateway(ifname: str, cidr: str, force: bool) -> None:
 
 def has(ipr, index: int, cidr: str) -> bool:
     want = ipaddress.ip_interface(cidr)
-    # SyncIPRoute's rtnl.py reader, not pyroute2's decoder
+    # the socket's rtnl.py reader, not pyroute2's decoder
     return any(ipaddress.ip_interface(a) == want for a in ipr.raw.addresses(index))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 import time
 
-from cni.host import links, sysctl, veth
+from cni.host import links, rtnl, sysctl, veth
 from cni.host.errors import HostError
 
 VLAN_PVID = 0x2
@@ -26,18 +26,13 @@ def ensure(name: str, mtu: int = 0, promisc: bool = False,
     """Create the bridge unless it exists (an existing one is kept as it is), then
     promisc if asked, accept_ra=0 (we own its routes) and up. A non-bridge of that name is an
     error."""
-    from pyroute2.netlink.exceptions import NetlinkError
+    from pyroute2.netlink.exceptions import NetlinkError  # its module alone (nlsocket.py)
 
     from cni.host import netns
 
     with netns.iproute() as ipr:
-        attrs: dict = {"ifname": name, "kind": "bridge"}
-        if mtu:
-            attrs["mtu"] = mtu
-        if vlan_filtering:
-            attrs["br_vlan_filtering"] = 1
         try:
-            ipr.link("add", **attrs)
+            ipr.request_raw(*rtnl.link_add_bridge(name, mtu, vlan_filtering))
         except NetlinkError as e:
             if e.code == errno.EOPNOTSUPP and vlan_filtering:
                 raise _err(f"failed to create bridge {name!r}: could not add {name!r}: "
@@ -81,15 +76,16 @@ def attach(port: str, bridge: links.Link, hairpin: bool, isolated: bool) -> None
         if link is None:
             raise _err(f'failed to lookup "{port}"')
         try:
-            ipr.link("set", index=link.index, master=bridge.index)
+            links.set_master(ipr, link.index, bridge.index)
         except Exception as e:
             raise _err(f'failed to connect "{port}" to bridge {bridge.name}: {e}') from None
         try:
-            ipr.brport("set", index=link.index, mode=int(hairpin))
+            ipr.request_raw(*rtnl.brport_set(link.index, rtnl.IFLA_BRPORT_MODE, int(hairpin)))
         except Exception as e:
             raise _err(f"failed to setup hairpin mode for {port}: {e}") from None
         try:
-            ipr.brport("set", index=link.index, isolated=int(isolated))
+            ipr.request_raw(*rtnl.brport_set(link.index, rtnl.IFLA_BRPORT_ISOLATED,
+                                             int(isolated)))
         except Exception as e:
             raise _err(f"failed to set isolated on {port}: {e}") from None
 

@@ -366,16 +366,17 @@ def route_localnet_toward(ip: str) -> str | None:
     """Set route_localnet=1 on the interface that routes to `ip` (current netns); its name."""
     import socket
 
-    from pyroute2.netlink.exceptions import NetlinkError
+    from pyroute2.netlink.exceptions import NetlinkError  # its module alone (nlsocket.py)
 
-    from cni.host import netns, sysctl
+    from cni.host import netns, rtnl, sysctl
 
+    # `ip route get`, built with rtnl.py: byte for byte what pyroute2's route("get") sent
+    request = rtnl.route_get(ipaddress.ip_address(ip))
     with netns.iproute() as ipr:
         try:
-            routes = ipr.route("get", dst=ip)
+            oif = rtnl.route_oif(ipr.request_raw(*request))
         except NetlinkError:  # no route to the pod: nothing to enable (the reference skips too)
             return None
-        oif = routes[0].get_attr("RTA_OIF") if routes else None
     if oif is None:
         return None
     ifname = socket.if_indextoname(oif)  # one ioctl in this netns, not an RTM_GETLINK

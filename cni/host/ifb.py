@@ -16,7 +16,7 @@ from cni.host import links, rtnl
 from cni.host.errors import HostError
 
 if TYPE_CHECKING:
-    from pyroute2 import IPRoute
+    from cni.host.nlsocket import NetlinkSocket as IPRoute
 
 MARK = "pycni-bandwidth"
 
@@ -54,7 +54,7 @@ def create(ipr: IPRoute, name: str, mtu: int, network: str, container_id: str) -
                         + rtnl.attr(rtnl.IFLA_IFALIAS,
                                     alias_for(network, container_id).encode() + b"\0"))
     except Exception:
-        ipr.link("del", index=index)
+        links.remove(ipr, index)
         raise
     return Ifb(name, index, link.mac, network, container_id)
 
@@ -67,14 +67,14 @@ def lookup(ipr: IPRoute, name: str) -> int | None:
 def delete(ipr: IPRoute, name: str, index: int | None = None) -> bool:
     """Delete the link by name (or by `index`, when the caller just looked it up); False if it
     was not there."""
-    from pyroute2.netlink.exceptions import NetlinkError
+    from pyroute2.netlink.exceptions import NetlinkError  # its module alone (nlsocket.py)
 
     if index is None:
         index = lookup(ipr, name)
     if index is None:
         return False
     try:
-        ipr.request_raw(rtnl.RTM_DELLINK, 0, rtnl.IFINFO.pack(0, 0, index, 0, 0))
+        links.remove(ipr, index)
     except NetlinkError as e:
         if e.code in (errno.ENODEV, errno.ENOENT):
             return False
@@ -85,13 +85,9 @@ def delete(ipr: IPRoute, name: str, index: int | None = None) -> bool:
 def marked(ipr: IPRoute) -> list[Ifb]:
     """Every ifb in this namespace that carries our mark."""
     out = []
-    for link in ipr.get_links():
-        info = link.get_attr("IFLA_LINKINFO")
-        if info is None or info.get_attr("IFLA_INFO_KIND") != "ifb":
+    for link, alias in ipr.raw.link_dump():  # rtnl.py's reader, not pyroute2's decoder
+        parts = alias.split(" ")
+        if link["kind"] != "ifb" or len(parts) != 3 or parts[0] != MARK:
             continue
-        parts = (link.get_attr("IFLA_IFALIAS") or "").split(" ")
-        if len(parts) != 3 or parts[0] != MARK:
-            continue
-        out.append(Ifb(link.get_attr("IFLA_IFNAME"), link["index"],
-                       link.get_attr("IFLA_ADDRESS"), parts[1], parts[2]))
+        out.append(Ifb(link["name"], link["index"], link["mac"], parts[1], parts[2]))
     return out

@@ -13,19 +13,16 @@ from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from cni.host import lean_pyroute2
 from cni.host.errors import NamespaceError, NamespaceMissing
 from cni.host.nsfd import is_netns, setns
 
-lean_pyroute2.install()  # pyroute2 is imported below by submodule only (see lean_pyroute2)
-
 if TYPE_CHECKING:
-    from pyroute2 import IPRoute
+    from cni.host.nlsocket import NetlinkSocket
 
 # The request's sockets, set only inside shared_sockets(): namespace (st_dev, st_ino) -> the one
-# IPRoute for it. A context variable, so no state outlives the request or leaks across threads.
-_shared: ContextVar[dict[tuple[int, int], IPRoute] | None] = ContextVar("pycni_shared_sockets",
-                                                                        default=None)
+# socket for it. A context variable, so no state outlives the request or leaks across threads.
+_shared: ContextVar[dict[tuple[int, int], NetlinkSocket] | None] = ContextVar(
+    "pycni_shared_sockets", default=None)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -59,22 +56,23 @@ def entered(target: int | str) -> Iterator[None]:
         os.close(home)
 
 
-def _new_iproute(target: int | str | None) -> IPRoute:
-    from cni.host.nlsync import SyncIPRoute  # IPRoute without its per-socket event loop
+def _new_iproute(target: int | str | None) -> NetlinkSocket:
+    # rtnl.py's client; pyroute2's IPRoute (no event loop) on its socket only if called for
+    from cni.host.nlsocket import NetlinkSocket
 
     if target is None:
-        return SyncIPRoute()
+        return NetlinkSocket()
     with entered(target):
-        return SyncIPRoute()
+        return NetlinkSocket()
 
 
 class _Borrowed(AbstractContextManager):
-    """A shared IPRoute handed out for a `with` block: leaving the block does not close it."""
+    """A shared socket handed out for a `with` block: leaving the block does not close it."""
 
-    def __init__(self, ipr: IPRoute) -> None:
+    def __init__(self, ipr: NetlinkSocket) -> None:
         self.ipr = ipr
 
-    def __enter__(self) -> IPRoute:
+    def __enter__(self) -> NetlinkSocket:
         return self.ipr
 
     def __exit__(self, *exc: Any) -> None:
@@ -93,9 +91,10 @@ def _ns_key(target: int | str | None) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def iproute(target: int | str | None = None) -> AbstractContextManager[IPRoute]:
-    """An IPRoute whose netlink socket lives in `target` (None: the current namespace), for a
-    `with` block. Inside shared_sockets() it is the request's one socket for that namespace."""
+def iproute(target: int | str | None = None) -> AbstractContextManager[NetlinkSocket]:
+    """A netlink socket (nlsocket.py: rtnl.py's requests, pyroute2's IPRoute API on demand)
+    that lives in `target` (None: the current namespace), for a `with` block. Inside
+    shared_sockets() it is the request's one socket for that namespace."""
     sockets = _shared.get()
     if sockets is None:
         return _new_iproute(target)
@@ -109,7 +108,7 @@ def iproute(target: int | str | None = None) -> AbstractContextManager[IPRoute]:
 
 @contextmanager
 def shared_sockets() -> Iterator[None]:
-    """One IPRoute per namespace for the whole block (a request), closed at its end.
+    """One socket per namespace for the whole block (a request), closed at its end.
 
     pyroute2 0.9 builds a socket plus its own asyncio event loop per IPRoute; a bridge ADD
     used to open eleven. A cached socket also pins its namespace, so its inode is not reused.
@@ -117,7 +116,7 @@ def shared_sockets() -> Iterator[None]:
     if _shared.get() is not None:  # nested: the outer block owns the sockets
         yield
         return
-    sockets: dict[tuple[int, int], IPRoute] = {}
+    sockets: dict[tuple[int, int], NetlinkSocket] = {}
     token = _shared.set(sockets)
     try:
         yield

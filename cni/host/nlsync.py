@@ -1,7 +1,7 @@
-"""pyroute2's IPRoute without an asyncio event loop: the same API and the same messages, driven
-synchronously over a plain blocking netlink socket.
+"""pyroute2's netlink sockets without an asyncio event loop: the same API and the same
+messages, driven synchronously over a plain blocking netlink socket.
 
-pyroute2 0.9 builds every IPRoute on asyncio: a new event loop, a datagram transport and a
+pyroute2 0.9 builds every socket class on asyncio: a new event loop, a datagram transport and a
 queue per socket, and run_until_complete around every call. For a plugin that makes a handful
 of netlink calls and exits, that machinery costs more than the kernel work (~5 ms of CPU for
 loopback's three calls). Its request methods are coroutines whose only real suspension point is
@@ -9,8 +9,10 @@ waiting for the reply; here that wait is a blocking recv, so each coroutine runs
 in one step and no loop is needed. Everything else (request building, NLA encoding, message
 parsing, NetlinkError) is pyroute2's own code.
 
-Used for the sockets cni.host.netns hands out. They subscribe to no multicast group: the only
-messages a socket receives are replies to its own requests.
+The mixins here import no pyroute2 (its classes come with the module that uses them:
+nlsync_iproute.py, IPRoute behind netns.iproute()'s sockets, for the paths still on pyroute2).
+They subscribe to no multicast group: the only messages a socket receives are replies to its
+own requests.
 """
 
 from __future__ import annotations
@@ -21,20 +23,9 @@ import struct
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any
 
-from cni.host import lean_pyroute2
-
-lean_pyroute2.install()  # before any pyroute2 import: its submodules only
-
-from pyroute2.iproute.linux import AsyncIPRoute, IPRoute  # noqa: E402
-from pyroute2.netlink import NLM_F_MULTI  # noqa: E402
-from pyroute2.netlink.core import Stats  # noqa: E402
-from pyroute2.netlink.exceptions import NetlinkError  # noqa: E402
-
-from cni.host.rtnl import Rtnl  # noqa: E402
-
+NLM_F_MULTI = 0x2  # pyroute2.netlink's, without importing its message classes here
 _NLMSG_HEADER = struct.Struct("IHHII")  # length, type, flags, sequence number, port id
 _RCVSIZE = 1 << 16
-_BUFSIZE = 1 << 20
 
 
 def run(coro: Coroutine) -> Any:
@@ -126,6 +117,8 @@ class _LoopFree:
     async def get(self, msg_seq: int = 0, terminate: Any = None, callback: Any = None,
                   noraise: bool = False, exception_factory: Any = None) -> AsyncIterator[Any]:
         """pyroute2's AsyncCoreSocket.get, reading the socket instead of the loop's queue."""
+        from pyroute2.netlink.core import Stats  # loaded with the socket class already
+
         if msg_seq == -1:
             msg_seq = 0
         enough = started = False
@@ -184,58 +177,3 @@ class _Driven:
     def close(self, code: int = errno.ECONNRESET) -> None:
         self.asyncore.status["closed"] = True
         self.asyncore.close(code)
-
-
-class _AsyncIPRoute(_LoopFree, AsyncIPRoute):
-    pass
-
-
-class SyncIPRoute(_Driven, IPRoute):
-    """IPRoute's API (link, addr, route, tc, get_links ...) with no event loop behind it.
-
-    The socket is made at once, in the namespace the thread is in; pyroute2's side of it (its
-    request and message machinery, ~0.3 ms of CPU and more in a fresh child) only on the first
-    call that needs it: a request that only reads links and qdiscs (through `raw`, rtnl.py),
-    as bandwidth's CHECK, never builds it."""
-
-    def __init__(self) -> None:  # not super().__init__(): it would build the loop we avoid
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC,
-                             socket.NETLINK_ROUTE)
-        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):  # pyroute2's own sizes
-            sock.setsockopt(socket.SOL_SOCKET, option, _BUFSIZE)
-        # The stdlib client for link reads, on this socket; its sequence numbers start above
-        # pyroute2's (AddrPool: 0xff-0xffff), and each side reads its replies to the end.
-        self.raw = Rtnl(sock, seq=1 << 20)
-        self._core: _AsyncIPRoute | None = None
-
-    @property
-    def asyncore(self) -> _AsyncIPRoute:
-        if self._core is None:  # no events; flags=0: never O_CREAT a namespace
-            self._core = _AsyncIPRoute(groups=0, flags=0, use_socket=self.raw.sock)
-        return self._core
-
-    def close(self, code: int = errno.ECONNRESET) -> None:
-        if self._core is None:
-            self.raw.sock.close()
-        else:
-            super().close(code)
-
-    def request_raw(self, kind: int, flags: int, body: bytes) -> list[tuple[int, bytes]]:
-        """One request built with rtnl.py (no pyroute2 encoder); a kernel error is
-        NetlinkError, as from pyroute2's own calls."""
-        try:
-            return self.raw.request(kind, flags, body)
-        except OSError as e:
-            if e.errno is None:
-                raise
-            raise NetlinkError(e.errno) from None
-
-    def link_fields(self, name: str | None = None, index: int = 0) -> dict[str, Any] | None:
-        """A link's fields (links.Link) without pyroute2's decoder; None if it is missing.
-        Other errors are NetlinkError, as from pyroute2's own calls."""
-        try:
-            return self.raw.link_fields(name, index)
-        except OSError as e:
-            if e.errno is None:
-                raise
-            raise NetlinkError(e.errno) from None

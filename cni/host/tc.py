@@ -119,7 +119,7 @@ def add_tbf(ipr: IPRoute, index: int, tbf: Tbf) -> None:
 
 def read_tbf(ipr: IPRoute, index: int) -> Tbf | None:
     """The root tbf of the link as the kernel reports it, or None if the root is not tbf."""
-    return _raw_tbf(ipr.raw, index)  # SyncIPRoute's rtnl.py reader, not pyroute2's decoder
+    return _raw_tbf(ipr.raw, index)  # the socket's rtnl.py reader, not pyroute2's decoder
 
 
 _TBF_PARMS, _TBF_RATE64 = 1, 4  # TCA_TBF_*

@@ -12,7 +12,7 @@ import os
 import secrets
 from dataclasses import dataclass
 
-from cni.host import links, netns, sysctl
+from cni.host import links, netns, rtnl, sysctl
 from cni.host.errors import HostError
 
 ATTEMPTS = 10
@@ -35,7 +35,7 @@ def create(container_ns: int | str, ifname: str, mtu: int = 0, mac: str = "",
 
     Retries with a new random host name on EEXIST (another plugin raced us for the name).
     """
-    from pyroute2.netlink.exceptions import NetlinkError
+    from pyroute2.netlink.exceptions import NetlinkError  # its module alone (nlsocket.py)
 
     with netns.iproute(container_ns) as cipr:
         if links.get(cipr, ifname) is not None:
@@ -46,14 +46,8 @@ def create(container_ns: int | str, ifname: str, mtu: int = 0, mac: str = "",
             for _ in range(ATTEMPTS):
                 name = host_name or random_name()
                 # txqueuelen 0 on both ends, as the reference's netlink leaves them.
-                peer: dict = {"ifname": ifname, "net_ns_fd": fd, "txqlen": 0}
-                if mac:
-                    peer["address"] = mac
-                if mtu:
-                    peer["mtu"] = mtu
                 try:
-                    ipr.link("add", ifname=name, kind="veth", peer=peer, txqlen=0,
-                             **({"mtu": mtu} if mtu else {}))
+                    ipr.request_raw(*rtnl.link_add_veth(name, ifname, fd, mtu, mac))
                 except NetlinkError as e:
                     if e.code == errno.EEXIST and not host_name and links.get(ipr, name):
                         continue  # our random name was taken: draw another
@@ -94,7 +88,7 @@ def delete_container_end(container_ns: int | str, ifname: str) -> bool:
         from pyroute2.netlink.exceptions import NetlinkError
 
         try:
-            cipr.link("del", index=link.index)
+            links.remove(cipr, link.index)
         except NetlinkError as e:  # e.g. CNI_IFNAME=lo: the kernel refuses, nothing changed
             raise HostError(f"failed to delete {ifname!r} in the container: "
                            f"{e.args[-1]}") from None

@@ -1,0 +1,83 @@
+"""The rtnetlink socket netns.iproute() hands out: rtnl.py's client, and pyroute2's IPRoute
+on the same socket only once a pyroute2 method is called on it.
+
+The plugins' common verbs (bridge, bandwidth, portmap ADD / CHECK / DEL) send every request
+with rtnl.py, so they never import pyroute2.iproute (~50 ms without the daemon) nor build its
+request machinery (~5-8 ms of a bridge ADD in the daemon's child). Kernel errors are pyroute2's
+NetlinkError either way (its module alone: lean_pyroute2 keeps pyroute2.netlink's __init__
+out), with the errno in `.code`, so callers catch one type whichever side sent the request.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import TYPE_CHECKING, Any
+
+from cni.host import lean_pyroute2
+from cni.host.rtnl import Rtnl
+
+lean_pyroute2.install()  # before any pyroute2 import: its submodules only
+
+from pyroute2.netlink.exceptions import NetlinkError  # noqa: E402
+
+if TYPE_CHECKING:
+    from cni.host.nlsync_iproute import SyncIPRoute
+
+_BUFSIZE = 1 << 20  # pyroute2's own socket buffer sizes
+RAW_SEQ = 1 << 20  # rtnl.py's sequence numbers start above pyroute2's (AddrPool: 0xff-0xffff)
+
+
+class NetlinkSocket:
+    """A NETLINK_ROUTE socket, made at once in the namespace the thread is in."""
+
+    def __init__(self) -> None:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC,
+                             socket.NETLINK_ROUTE)
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            sock.setsockopt(socket.SOL_SOCKET, option, _BUFSIZE)
+        self.raw = Rtnl(sock, seq=RAW_SEQ)
+        self._pyroute2: SyncIPRoute | None = None
+
+    def __enter__(self) -> NetlinkSocket:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        """pyroute2's IPRoute API (link, addr, vlan_filter, get_links ...), built on first use."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.pyroute2(), name)
+
+    def pyroute2(self) -> SyncIPRoute:
+        if self._pyroute2 is None:
+            from cni.host.nlsync_iproute import SyncIPRoute
+
+            self._pyroute2 = SyncIPRoute(self.raw)
+        return self._pyroute2
+
+    def close(self) -> None:
+        if self._pyroute2 is not None:
+            self._pyroute2.close()
+        else:
+            self.raw.sock.close()
+
+    def request_raw(self, kind: int, flags: int, body: bytes) -> list[tuple[int, bytes]]:
+        """One request built with rtnl.py; a kernel error is NetlinkError."""
+        try:
+            return self.raw.request(kind, flags, body)
+        except OSError as e:
+            if e.errno is None:
+                raise
+            raise NetlinkError(e.errno) from None
+
+    def link_fields(self, name: str | None = None, index: int = 0) -> dict[str, Any] | None:
+        """A link's fields (links.Link) without pyroute2's decoder; None if it is missing.
+        Other errors are NetlinkError."""
+        try:
+            return self.raw.link_fields(name, index)
+        except OSError as e:
+            if e.errno is None:
+                raise
+            raise NetlinkError(e.errno) from None
