@@ -11,7 +11,7 @@ import pytest
 from cni.host import tc
 from cni.ipam import config as ipam_config
 from cni.ipam.allocator import candidates
-from cni.plugins.bandwidth import derived_burst
+from cni.plugins.bandwidth import derived_burst, ifb_name
 from cni.spec.errors import CNIError
 
 
@@ -104,3 +104,15 @@ def test_tbf_refuses_what_tbf_cannot_hold(rate, burst) -> None:
 ])
 def test_derived_burst(rate, mtu, expected) -> None:
     assert derived_burst(rate, mtu) == expected
+
+
+@pytest.mark.parametrize("network,cid,expected", [
+    ("bwnet", "ctr1", "bwpea62040b30ca"),  # 'bwp' + sha512(network + cid)[:12], by hashlib
+    ("benchnet", "abcdef0123456789", "bwp4dc7db97971d"),
+])
+def test_ifb_name(network, cid, expected) -> None:
+    """The digest comes from _sha512 (no OpenSSL load): the reference's name all the same."""
+    import hashlib
+
+    assert ifb_name(network, cid) == expected
+    assert expected[3:] == hashlib.sha512((network + cid).encode()).hexdigest()[:12]
