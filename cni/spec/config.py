@@ -24,6 +24,17 @@ M = TypeVar("M", bound=BaseModel)
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 
+# Default factories for the models: Python functions, not the list/dict builtins. pydantic reads
+# each factory's signature; a builtin's is parsed from its text form by tokenize, whose regexes
+# compile on that first use (~4 ms of every exec that imports a model).
+def empty_list() -> list[Any]:
+    return []
+
+
+def empty_dict() -> dict[str, Any]:
+    return {}
+
+
 class Model(BaseModel):
     """Base for config models: unknown keys are kept and ignored (runtimes add their own);
     known keys are found however they are cased, as Go's decoder finds them (cni.spec.keys)."""
@@ -37,10 +48,10 @@ class Model(BaseModel):
 
 
 class DNS(Model):
-    nameservers: list[str] = Field(default_factory=list)
+    nameservers: list[str] = Field(default_factory=empty_list)
     domain: str = ""
-    search: list[str] = Field(default_factory=list)
-    options: list[str] = Field(default_factory=list)
+    search: list[str] = Field(default_factory=empty_list)
+    options: list[str] = Field(default_factory=empty_list)
 
 
 class PluginConf(Model):
@@ -49,11 +60,11 @@ class PluginConf(Model):
     cniVersion: str = ""
     name: str = ""
     type: str = ""
-    capabilities: dict[str, bool] = Field(default_factory=dict)
+    capabilities: dict[str, bool] = Field(default_factory=empty_dict)
     ipam: dict[str, Any] | None = None
     dns: DNS | None = None
     args: dict[str, Any] | None = None
-    runtimeConfig: dict[str, Any] = Field(default_factory=dict)
+    runtimeConfig: dict[str, Any] = Field(default_factory=empty_dict)
     prevResult: dict[str, Any] | None = None
 
 
