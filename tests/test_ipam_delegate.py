@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,7 +53,7 @@ def test_our_host_local_is_recognised_and_go_is_not(tmp_path):
 def test_in_process_runs_without_exec(tmp_path, monkeypatch):
     def no_exec(*a, **kw):
         raise AssertionError("exec'd although in-process was possible")
-    monkeypatch.setattr(delegate.invoke.subprocess, "run", no_exec)
+    monkeypatch.setattr(subprocess, "run", no_exec)  # invoke imports it when it execs
     config = bridge_conf(tmp_path)
     result = delegate.add(request(config, OURS_PATH), "host-local")
     assert [ip["address"] for ip in result["ips"]] == ["10.110.0.2/24", "fd00::2/64"]
@@ -148,3 +150,14 @@ def test_exec_add_result_converted(tmp_path):
     result = delegate.add(request({"cniVersion": "0.2.0", "name": "n"}, [str(tmp_path)]),
                           "fake-ipam")
     assert result["ips"] == [{"address": "10.1.2.3/24", "gateway": "10.1.2.1"}]
+
+
+def test_delegation_imports_only_the_exec_module() -> None:
+    """Bridge imports this on every exec: cni.runtime's chain, cache and conflist, and
+    subprocess (imported when a plugin is exec'd), would cost each one ~5 ms."""
+    code = ("import sys, cni.ipam.delegate; print(sorted(m for m in ('subprocess', "
+            "'cni.runtime.chain', 'cni.runtime.cache', 'cni.runtime.conflist') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"

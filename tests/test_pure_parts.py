@@ -11,7 +11,7 @@ import pytest
 from cni.host import tc
 from cni.ipam import config as ipam_config
 from cni.ipam.allocator import candidates
-from cni.plugins.bandwidth import derived_burst
+from cni.plugins.bandwidth import derived_burst, ifb_name
 from cni.spec.errors import CNIError
 
 
@@ -104,3 +104,37 @@ def test_tbf_refuses_what_tbf_cannot_hold(rate, burst) -> None:
 ])
 def test_derived_burst(rate, mtu, expected) -> None:
     assert derived_burst(rate, mtu) == expected
+
+
+@pytest.mark.parametrize("network,cid,expected", [
+    ("bwnet", "ctr1", "bwpea62040b30ca"),  # 'bwp' + sha512(network + cid)[:12], by hashlib
+    ("benchnet", "abcdef0123456789", "bwp4dc7db97971d"),
+])
+def test_ifb_name(network, cid, expected) -> None:
+    """The digest comes from _sha512 (no OpenSSL load): the reference's name all the same."""
+    import hashlib
+
+    assert ifb_name(network, cid) == expected
+    assert expected[3:] == hashlib.sha512((network + cid).encode()).hexdigest()[:12]
+
+
+def test_model_default_factories_are_not_builtins() -> None:
+    """pydantic reads a builtin factory's signature through tokenize (~4 ms of regex compiles on
+    every plugin exec): the models use cni.spec.config's empty_list / empty_dict instead."""
+    import inspect
+
+    from pydantic import BaseModel
+
+    from cni.ipam import config as ipam_config
+    from cni.plugins import bridge, portmap
+    from cni.spec import config
+
+    models = [obj for module in (config, ipam_config, bridge, portmap)
+              for obj in vars(module).values()
+              if isinstance(obj, type) and issubclass(obj, BaseModel) and obj is not BaseModel]
+    assert len(models) > 10
+    for model in models:
+        for name, info in model.model_fields.items():
+            factory = info.default_factory
+            assert factory is None or not inspect.isbuiltin(factory) and factory not in (
+                list, dict, set, tuple), f"{model.__name__}.{name}"

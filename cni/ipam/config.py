@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field
 
 from cni.spec import names
-from cni.spec.config import DNS, Model, parse
+from cni.spec.config import DNS, Model, empty_list, parse
 from cni.spec.errors import CNIError, Code
 from cni.spec.version import at_least
 
@@ -48,16 +48,16 @@ class IPAMModel(RangeModel):
     routes: list[RouteModel] | None = None
     dataDir: str = ""
     resolvConf: str = ""
-    ranges: list[list[RangeModel]] = Field(default_factory=list)
+    ranges: list[list[RangeModel]] = Field(default_factory=empty_list)
 
 
 class RuntimeModel(Model):
-    ips: list[str] = Field(default_factory=list)
-    ipRanges: list[list[RangeModel]] = Field(default_factory=list)
+    ips: list[str] = Field(default_factory=empty_list)
+    ipRanges: list[list[RangeModel]] = Field(default_factory=empty_list)
 
 
 class CNIArgsModel(Model):
-    ips: list[str] = Field(default_factory=list)
+    ips: list[str] = Field(default_factory=empty_list)
 
 
 class ArgsModel(Model):

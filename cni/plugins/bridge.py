@@ -29,7 +29,7 @@ from cni.ipam import delegate as ipam
 from cni.plugins.undo import Undo
 from cni.skel import Request, valid_attachments
 from cni.spec import keys, names
-from cni.spec.config import Model, PluginConf, parse
+from cni.spec.config import Model, PluginConf, empty_list, parse
 from cni.spec.errors import CNIError, Code, invalid_config, unsupported
 from cni.spec.result import Result
 
@@ -63,7 +63,7 @@ class NetConf(PluginConf):
     portIsolation: Bool = False
     # Derived by load(), not config keys.
     mac: str = Field(default="", exclude=True)
-    vlans: list[int] = Field(default_factory=list, exclude=True)
+    vlans: list[int] = Field(default_factory=empty_list, exclude=True)
 
     @property
     def ipam_type(self) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -70,6 +69,8 @@ def exec_plugin(plugin_path: str, stdin: bytes, env: dict[str, str],
 
     The plugin's stderr goes to `stderr` (ours by default), as libcni's RawExec does.
     """
+    import subprocess  # here: bridge imports this module for its in-process IPAM too (~2.5 ms)
+
     proc = None
     for attempt in range(_BUSY_RETRIES + 1):
         try:

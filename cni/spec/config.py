@@ -7,6 +7,7 @@ A validation failure becomes CNI error 7 naming the key path and the value given
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -15,6 +16,23 @@ from cni.spec import keys
 from cni.spec.errors import CNIError, Code
 
 M = TypeVar("M", bound=BaseModel)
+
+# pydantic scans every installed distribution's entry points for its plugins (~2 ms an exec)
+# when the first model below is built. A CNI plugin runs as root: no third-party code joins our
+# validation. pydantic's documented switch, in this process's environment (plugins exec'd by a
+# plugin get the request's environment, copied before this import); an explicit value stays.
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+
+
+# Default factories for the models: Python functions, not the list/dict builtins. pydantic reads
+# each factory's signature; a builtin's is parsed from its text form by tokenize, whose regexes
+# compile on that first use (~4 ms of every exec that imports a model).
+def empty_list() -> list[Any]:
+    return []
+
+
+def empty_dict() -> dict[str, Any]:
+    return {}
 
 
 class Model(BaseModel):
@@ -30,10 +48,10 @@ class Model(BaseModel):
 
 
 class DNS(Model):
-    nameservers: list[str] = Field(default_factory=list)
+    nameservers: list[str] = Field(default_factory=empty_list)
     domain: str = ""
-    search: list[str] = Field(default_factory=list)
-    options: list[str] = Field(default_factory=list)
+    search: list[str] = Field(default_factory=empty_list)
+    options: list[str] = Field(default_factory=empty_list)
 
 
 class PluginConf(Model):
@@ -42,11 +60,11 @@ class PluginConf(Model):
     cniVersion: str = ""
     name: str = ""
     type: str = ""
-    capabilities: dict[str, bool] = Field(default_factory=dict)
+    capabilities: dict[str, bool] = Field(default_factory=empty_dict)
     ipam: dict[str, Any] | None = None
     dns: DNS | None = None
     args: dict[str, Any] | None = None
-    runtimeConfig: dict[str, Any] = Field(default_factory=dict)
+    runtimeConfig: dict[str, Any] = Field(default_factory=empty_dict)
     prevResult: dict[str, Any] | None = None
 
 
