@@ -7,7 +7,6 @@ A validation failure becomes CNI error 7 naming the key path and the value given
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -16,12 +15,6 @@ from cni.spec import keys
 from cni.spec.errors import CNIError, Code
 
 M = TypeVar("M", bound=BaseModel)
-
-# pydantic scans every installed distribution's entry points for its plugins (~2 ms an exec)
-# when the first model below is built. A CNI plugin runs as root: no third-party code joins our
-# validation. pydantic's documented switch, in this process's environment (plugins exec'd by a
-# plugin get the request's environment, copied before this import); an explicit value stays.
-os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 
 # Default factories for the models: Python functions, not the list/dict builtins. pydantic reads
