@@ -23,6 +23,16 @@ EXIT_NOT_STARTED = 75  # the child could not ACK (the shim is gone): nothing ran
 DONE = "pycni-done"  # a child's name once it has its reply (see Server._hangup)
 Runner = Callable[[str, dict, bytes, "int | None"], object]  # skel.run's shape
 _JOB_HEADER = struct.Struct("!Q")
+SPARE_READY = b"W"  # a spare's one message to the parent, with its pid: warm, hand me a request
+_PID = struct.Struct("!I")
+READY_SIZE = len(b"W") + _PID.size
+
+
+def ready_pid(message: bytes) -> int | None:
+    """The pid in a spare's ready message; None if it is not one."""
+    if len(message) != READY_SIZE or not message.startswith(SPARE_READY):
+        return None
+    return _PID.unpack_from(message, 1)[0]
 
 
 def hand_over(ctl: socket.socket, conn: socket.socket, request: bytes, fds: list[int]) -> bool:
@@ -60,7 +70,9 @@ def take_job(ctl: socket.socket) -> tuple[socket.socket, bytes, list[int]] | Non
 
 
 def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None) -> None:
-    """A spare child: warm up (the copy-on-write and first-use costs), wait, run, exit."""
+    """A spare child: warm up (the copy-on-write and first-use costs), say so, wait, run,
+    exit. Forked by the zygote it warms up at SCHED_IDLE, and leaves it before waiting: the
+    request must not run at idle priority (if it cannot, it exits unused)."""
     try:
         gc.disable()
         try:
@@ -69,6 +81,9 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None) -> Non
             pass
         set_name("pycni-spare")  # tells idle spares from running requests in ps
         warm_up(netlink=False)
+        if os.sched_getscheduler(0) != os.SCHED_OTHER:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        ctl.sendall(SPARE_READY + _PID.pack(os.getpid()))
         job = take_job(ctl)
         ctl.close()
         if job is None:
