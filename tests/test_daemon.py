@@ -478,6 +478,24 @@ def test_spares_come_from_the_zygote_and_are_the_daemons_children(host, plugins,
     assert daemon.named("pycni-zygote") == zygotes
 
 
+def test_spares_warm_up_in_a_namespace_of_the_daemons_own(host, start_daemon) -> None:
+    """Spares run loopback ADD and CHECK ahead of their request (preload.warm_requests), in a
+    namespace only the daemon holds (an fd): the host's lo and the DEL markers are untouched."""
+    lo_before = subprocess.run(["ip", "-n", host.name, "-j", "link", "show", "lo"],
+                               capture_output=True, text=True, check=True).stdout
+    daemon = start_daemon(host)
+    wait_for(lambda: len(daemon.named("pycni-spare")) == 2, "two spares")
+    wait_for(lambda: all(os.sched_getscheduler(p) == os.SCHED_OTHER
+                         for p in daemon.named("pycni-spare")), "the spares to be warm")
+    own = os.readlink(f"/proc/{daemon.proc.pid}/ns/net")
+    held = {os.readlink(f"/proc/{daemon.proc.pid}/fd/{fd}")
+            for fd in os.listdir(f"/proc/{daemon.proc.pid}/fd")}
+    assert [n for n in held if n.startswith("net:[") and n != own]  # the warm-up namespace
+    assert subprocess.run(["ip", "-n", host.name, "-j", "link", "show", "lo"],
+                          capture_output=True, text=True, check=True).stdout == lo_before
+    assert not Path("/run/pycni/deleted/loopback@pycni-warm-up@lo").exists()
+
+
 def test_requests_go_on_when_the_zygote_dies(host, pod, plugins, start_daemon) -> None:
     daemon = start_daemon(host)
     wait_for(lambda: len(daemon.named("pycni-zygote")) == 1, "the zygote")

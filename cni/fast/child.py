@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from cni.fast import protocol as proto
 from cni.fast.fds import close_all, fds_from
-from cni.fast.preload import warm_up
+from cni.fast.preload import set_environ, warm_requests, warm_up
 from cni.host import nsfd
 
 log = logging.getLogger("pycni.daemon")
@@ -69,7 +69,8 @@ def take_job(ctl: socket.socket) -> tuple[socket.socket, bytes, list[int]] | Non
     return conn, b"".join(chunks)[_JOB_HEADER.size:], fds[1:]
 
 
-def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None) -> None:
+def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None,
+               warm_netns: int | None = None) -> None:
     """A spare child: warm up (the copy-on-write and first-use costs), say so, wait, run,
     exit. Forked by the zygote it warms up at SCHED_IDLE, and leaves it before waiting: the
     request must not run at idle priority (if it cannot, it exits unused)."""
@@ -81,6 +82,9 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None) -> Non
             pass
         set_name("pycni-spare")  # tells idle spares from running requests in ps
         warm_up(netlink=False)
+        warm_requests(warm_netns)
+        if warm_netns is not None:
+            os.close(warm_netns)  # not for the request's child (a plugin may fork)
         if os.sched_getscheduler(0) != os.SCHED_OTHER:
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
         ctl.sendall(SPARE_READY + _PID.pack(os.getpid()))
@@ -148,12 +152,7 @@ def enter_caller(by_role: dict[int, int], env: dict[str, str], umask: int) -> No
     cwd = by_role.get(proto.ROLE_CWD)
     if cwd is not None:
         os.fchdir(cwd)
-    os.environ.clear()  # what plugins exec (iptables, an IPAM plugin) inherits, as in-process
-    for key, value in env.items():
-        try:
-            os.environ[key] = value
-        except ValueError:
-            continue  # a name putenv refuses: skel still sees it in `env`
+    set_environ(env)  # what plugins exec (iptables, an IPAM plugin) inherit, as in-process
     os.umask(umask)
 
 

@@ -27,6 +27,7 @@ from cni.fast.child import (
 )
 from cni.fast.fds import close_all, drain, fds_from, peer_gone, send_quietly
 from cni.fast.listener import inode, sd_notify, sock_name
+from cni.fast.preload import private_netns
 from cni.fast.procs import comm, own_group, parent
 from cni.fast.zygote import become_subreaper, take_spare_sockets, zygote_main
 
@@ -116,6 +117,7 @@ class Server:
         self.wake_r, self.wake_w = socket.socketpair()
         self.zygote: socket.socket | None = None  # the spare maker's socket (zygote.py)
         self.ordered = 0  # spares asked of the zygote and not received yet
+        self.warm_netns: int | None = None  # where spares warm up (preload.private_netns)
 
     # The loop ----------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -123,6 +125,8 @@ class Server:
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, self._accept)
         self.sel.register(self.wake_r, selectors.EVENT_READ, self._wake)
+        if self.opts.spares > 0:
+            self.warm_netns = private_netns()
         self._start_zygote()
         log.info("pycni daemon %d listening on %s", os.getpid(), sock_name(self.listener))
         sd_notify(f"READY=1\nSTATUS=serving on {sock_name(self.listener)}\nMAINPID={os.getpid()}")
@@ -397,7 +401,7 @@ class Server:
             if pid == 0:
                 parent_end.close()
                 self._become_child()
-                spare_main(child_end, self.opts.timeout, self.runner)  # never returns
+                self._spare_main(child_end)  # never returns
             child_end.close()
             own_group(pid)
             self._add_spare(parent_end)
@@ -421,6 +425,9 @@ class Server:
         else:
             self._drop_spare(spare)
 
+    def _spare_main(self, ctl: socket.socket) -> None:
+        spare_main(ctl, self.opts.timeout, self.runner, self.warm_netns)
+
     def _start_zygote(self) -> None:
         """Fork the spare maker (zygote.py), if spares are wanted and we can adopt its
         grandchildren; else the parent forks its spares itself."""
@@ -437,7 +444,7 @@ class Server:
         if pid == 0:
             parent_end.close()
             self._become_child()
-            zygote_main(child_end, lambda ctl: spare_main(ctl, self.opts.timeout, self.runner))
+            zygote_main(child_end, self._spare_main)
             os._exit(0)
         child_end.close()
         self.zygote = parent_end
