@@ -60,15 +60,13 @@ class Daemon:
         return kids
 
     def children(self) -> list[int]:
-        """The children running a request: named pycni-<plugin> (spares are pycni-spare, and
-        one that has sent its reply is pycni-done)."""
-        def comm(pid: int) -> str:
-            try:
-                return Path(f"/proc/{pid}/comm").read_text().strip()
-            except OSError:
-                return ""
-        return [p for p in self.all_children()
-                if comm(p).startswith("pycni-") and comm(p) not in ("pycni-spare", "pycni-done")]
+        """The children running a request: named pycni-<plugin> (spares are pycni-spare, the
+        spare maker pycni-zygote, and one that has sent its reply is pycni-done)."""
+        return [p for p in self.all_children() if comm(p).startswith("pycni-")
+                and comm(p) not in ("pycni-spare", "pycni-zygote", "pycni-done")]
+
+    def named(self, name: str) -> list[int]:
+        return [p for p in self.all_children() if comm(p) == name]
 
     def kill(self) -> None:
         """SIGKILL the daemon and every child it has (they would outlive it otherwise)."""
@@ -79,6 +77,13 @@ class Daemon:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.proc.wait(10)
+
+
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def wait_for(predicate: Callable[[], bool], what: str, limit: float = 60.0) -> None:
@@ -450,6 +455,57 @@ def test_requests_on_one_attachment_never_overlap(host, pod, plugins, start_daem
     assert finish(add)[0] == 1
     delete.stdout.read()
     assert delete.wait(60) == 0
+
+
+def test_spares_come_from_the_zygote_and_are_the_daemons_children(host, plugins, start_daemon,
+                                                                  tmp_path) -> None:
+    """The parent forks no spare itself (after a fork it pays copy-on-write faults on the next
+    request's path): the zygote makes them at SCHED_IDLE and the daemon adopts them (subreaper),
+    so it still reaps, kills and answers for them; a request runs at SCHED_OTHER."""
+    daemon = start_daemon(host)
+    wait_for(lambda: len(daemon.named("pycni-spare")) == 2, "two spares")
+    zygotes = daemon.named("pycni-zygote")
+    assert len(zygotes) == 1 and os.sched_getscheduler(zygotes[0]) == os.SCHED_IDLE
+    fifo, release = hang_conf(tmp_path)
+    hung = spawn(plugins, "ADD", fifo, daemon.env)
+    wait_for(lambda: len(daemon.children()) == 1, "the request's child")
+    assert os.sched_getscheduler(daemon.children()[0]) == os.SCHED_OTHER
+    wait_for(lambda: len(daemon.named("pycni-spare")) == 2, "a new spare while it runs")
+    release()
+    code, out = finish(hung)
+    assert code == 1 and "not a network namespace" in out["msg"]
+    daemon.wait_served(1)
+    assert daemon.named("pycni-zygote") == zygotes
+
+
+def test_spares_warm_up_in_a_namespace_of_the_daemons_own(host, start_daemon) -> None:
+    """Spares run loopback ADD and CHECK ahead of their request (preload.warm_requests), in a
+    namespace only the daemon holds (an fd): the host's lo and the DEL markers are untouched."""
+    lo_before = subprocess.run(["ip", "-n", host.name, "-j", "link", "show", "lo"],
+                               capture_output=True, text=True, check=True).stdout
+    daemon = start_daemon(host)
+    wait_for(lambda: len(daemon.named("pycni-spare")) == 2, "two spares")
+    wait_for(lambda: all(os.sched_getscheduler(p) == os.SCHED_OTHER
+                         for p in daemon.named("pycni-spare")), "the spares to be warm")
+    own = os.readlink(f"/proc/{daemon.proc.pid}/ns/net")
+    held = {os.readlink(f"/proc/{daemon.proc.pid}/fd/{fd}")
+            for fd in os.listdir(f"/proc/{daemon.proc.pid}/fd")}
+    assert [n for n in held if n.startswith("net:[") and n != own]  # the warm-up namespace
+    assert subprocess.run(["ip", "-n", host.name, "-j", "link", "show", "lo"],
+                          capture_output=True, text=True, check=True).stdout == lo_before
+    assert not Path("/run/pycni/deleted/loopback@pycni-warm-up@lo").exists()
+
+
+def test_requests_go_on_when_the_zygote_dies(host, pod, plugins, start_daemon) -> None:
+    daemon = start_daemon(host)
+    wait_for(lambda: len(daemon.named("pycni-zygote")) == 1, "the zygote")
+    os.kill(daemon.named("pycni-zygote")[0], signal.SIGKILL)
+    wait_for(lambda: "the spare maker is gone" in daemon.log.read_text(), "the daemon to notice")
+    for command in ("ADD", "CHECK", "DEL", "ADD"):
+        plugins.ok("loopback", command, LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
+    daemon.wait_served(4)
+    wait_for(lambda: len(daemon.named("pycni-spare")) == 2, "spares the daemon forks itself")
+    assert daemon.named("pycni-zygote") == []
 
 
 def test_a_crashing_child_gets_an_error_reply(host, pod, plugins, start_daemon,

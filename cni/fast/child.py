@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from cni.fast import protocol as proto
 from cni.fast.fds import close_all, fds_from
-from cni.fast.preload import warm_up
+from cni.fast.preload import set_environ, warm_requests, warm_up
 from cni.host import nsfd
 
 log = logging.getLogger("pycni.daemon")
@@ -23,6 +23,16 @@ EXIT_NOT_STARTED = 75  # the child could not ACK (the shim is gone): nothing ran
 DONE = "pycni-done"  # a child's name once it has its reply (see Server._hangup)
 Runner = Callable[[str, dict, bytes, "int | None"], object]  # skel.run's shape
 _JOB_HEADER = struct.Struct("!Q")
+SPARE_READY = b"W"  # a spare's one message to the parent, with its pid: warm, hand me a request
+_PID = struct.Struct("!I")
+READY_SIZE = len(b"W") + _PID.size
+
+
+def ready_pid(message: bytes) -> int | None:
+    """The pid in a spare's ready message; None if it is not one."""
+    if len(message) != READY_SIZE or not message.startswith(SPARE_READY):
+        return None
+    return _PID.unpack_from(message, 1)[0]
 
 
 def hand_over(ctl: socket.socket, conn: socket.socket, request: bytes, fds: list[int]) -> bool:
@@ -59,8 +69,11 @@ def take_job(ctl: socket.socket) -> tuple[socket.socket, bytes, list[int]] | Non
     return conn, b"".join(chunks)[_JOB_HEADER.size:], fds[1:]
 
 
-def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None) -> None:
-    """A spare child: warm up (the copy-on-write and first-use costs), wait, run, exit."""
+def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None,
+               warm_netns: int | None = None) -> None:
+    """A spare child: warm up (the copy-on-write and first-use costs), say so, wait, run,
+    exit. Forked by the zygote it warms up at SCHED_IDLE, and leaves it before waiting: the
+    request must not run at idle priority (if it cannot, it exits unused)."""
     try:
         gc.disable()
         try:
@@ -69,6 +82,12 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None) -> Non
             pass
         set_name("pycni-spare")  # tells idle spares from running requests in ps
         warm_up(netlink=False)
+        warm_requests(warm_netns)
+        if warm_netns is not None:
+            os.close(warm_netns)  # not for the request's child (a plugin may fork)
+        if os.sched_getscheduler(0) != os.SCHED_OTHER:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        ctl.sendall(SPARE_READY + _PID.pack(os.getpid()))
         job = take_job(ctl)
         ctl.close()
         if job is None:
@@ -133,12 +152,7 @@ def enter_caller(by_role: dict[int, int], env: dict[str, str], umask: int) -> No
     cwd = by_role.get(proto.ROLE_CWD)
     if cwd is not None:
         os.fchdir(cwd)
-    os.environ.clear()  # what plugins exec (iptables, an IPAM plugin) inherits, as in-process
-    for key, value in env.items():
-        try:
-            os.environ[key] = value
-        except ValueError:
-            continue  # a name putenv refuses: skel still sees it in `env`
+    set_environ(env)  # what plugins exec (iptables, an IPAM plugin) inherit, as in-process
     os.umask(umask)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 import logging
+import os
 
 log = logging.getLogger("pycni.daemon")
 
@@ -125,3 +126,52 @@ def warm_up(netlink: bool = True) -> None:
                 list(ipr.get_addr(index=index[0]))
     except Exception as e:  # warming is an optimisation only
         log.debug("warm-up: %s", e)
+
+
+def private_netns() -> int | None:
+    """An fd of a new, empty network namespace of the daemon's own (no name, no mount: it goes
+    with the last fd), where spares warm up with real requests; None if we may not make one.
+    Single-threaded callers only (unshare and setns act on the calling thread)."""
+    from cni.host import nsfd
+
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if nsfd.libc().unshare(nsfd.CLONE_NEWNET) != 0:
+            return None
+        try:
+            return os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            nsfd.setns(home)
+    finally:
+        os.close(home)
+
+
+def warm_requests(netns_fd: int | None) -> None:
+    """A spare's first requests, ahead of the real one: loopback ADD and CHECK in the daemon's
+    private namespace, between the same environment swaps a request makes. They write to what
+    the real one writes (glibc's and Python's heaps, the request paths' objects), so its
+    copy-on-write faults happen here, at the spare's idle priority, not on its path. Not DEL:
+    it leaves a marker file (cni.deleted) on the host."""
+    from cni import skel
+
+    saved = dict(os.environ)
+    try:
+        env = {**WARM_UP_ENV, "CNI_NETNS": f"/proc/self/fd/{netns_fd}"}
+        set_environ({**saved, **env})
+        if netns_fd is not None:
+            for command in ("ADD", "CHECK"):
+                skel.run("loopback", {**env, "CNI_COMMAND": command}, WARM_UP_CONFIG, netns_fd)
+    except Exception as e:  # warming is an optimisation only
+        log.debug("warm-up: %s", e)
+    finally:
+        set_environ(saved)
+
+
+def set_environ(env: dict[str, str]) -> None:
+    """os.environ becomes `env`, as a request's child sets it (what exec'd programs inherit)."""
+    os.environ.clear()
+    for key, value in env.items():
+        try:
+            os.environ[key] = value
+        except ValueError:
+            continue  # a name putenv refuses

@@ -15,10 +15,21 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from cni.fast import protocol as proto
-from cni.fast.child import DONE, EXIT_NOT_STARTED, Runner, hand_over, run_child, spare_main
+from cni.fast.child import (
+    DONE,
+    EXIT_NOT_STARTED,
+    READY_SIZE,
+    Runner,
+    hand_over,
+    ready_pid,
+    run_child,
+    spare_main,
+)
 from cni.fast.fds import close_all, drain, fds_from, peer_gone, send_quietly
 from cni.fast.listener import inode, sd_notify, sock_name
+from cni.fast.preload import private_netns
 from cni.fast.procs import comm, own_group, parent
+from cni.fast.zygote import become_subreaper, take_spare_sockets, zygote_main
 
 log = logging.getLogger("pycni.daemon")
 
@@ -66,8 +77,9 @@ class Ready:
 class Spare:
     """A child forked and warmed ahead of time, waiting on `ctl` for the one request it runs."""
 
-    pid: int
     ctl: socket.socket
+    pid: int = 0  # known once it is ready (the zygote's spares say it then)
+    ready: bool = False  # warmed (it said so on ctl): a request handed to it runs at once
 
 
 @dataclass
@@ -103,6 +115,9 @@ class Server:
         self.stopping = False
         self.signals = 0  # SIGTERM/SIGINT seen; acted on in the loop, never inside the handler
         self.wake_r, self.wake_w = socket.socketpair()
+        self.zygote: socket.socket | None = None  # the spare maker's socket (zygote.py)
+        self.ordered = 0  # spares asked of the zygote and not received yet
+        self.warm_netns: int | None = None  # where spares warm up (preload.private_netns)
 
     # The loop ----------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -110,6 +125,9 @@ class Server:
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, self._accept)
         self.sel.register(self.wake_r, selectors.EVENT_READ, self._wake)
+        if self.opts.spares > 0:
+            self.warm_netns = private_netns()
+        self._start_zygote()
         log.info("pycni daemon %d listening on %s", os.getpid(), sock_name(self.listener))
         sd_notify(f"READY=1\nSTATUS=serving on {sock_name(self.listener)}\nMAINPID={os.getpid()}")
         while not (self.stopping and not self.jobs):
@@ -158,9 +176,9 @@ class Server:
             ready = self.queue.popleft()
             close_all(ready.fds)
             ready.conn.close()
-        for spare in self.spares.values():
-            spare.ctl.close()  # EOF: it exits without running anything
-        self.spares.clear()
+        for spare in list(self.spares.values()):
+            self._drop_spare(spare)  # EOF: it exits without running anything
+        self._retire_zygote()
 
     def _wake(self, sock: socket.socket) -> None:
         try:
@@ -302,8 +320,8 @@ class Server:
 
     def _start(self, ready: Ready) -> None:
         stdin = proto.decode_request(ready.data)[2]
-        while self.spares:
-            spare = self.spares.pop(next(iter(self.spares)))
+        for spare in [s for s in self.spares.values() if s.ready]:
+            self._drop_spare(spare, retire=False)
             handed = hand_over(spare.ctl, ready.conn, ready.data, ready.fds)
             spare.ctl.close()
             if handed:
@@ -350,14 +368,28 @@ class Server:
         job.abandoned = True
         self._kill(job)
 
+    def _refill_wanted(self, zygote: bool) -> bool:
+        """Whether to make a spare: asked of the zygote at once (it works at SCHED_IDLE);
+        forked here only while no request runs."""
+        have = len(self.spares) + self.ordered
+        return (not self.stopping and have < self.opts.spares
+                and len(self.jobs) + have < self.opts.max_children
+                and (zygote or not (self.queue or self.jobs)))
+
     def _refill_spares(self) -> None:
-        """Keep `spares` children warmed and waiting, within max_children, when no request is
-        running: forking and warming one costs ~5 ms of CPU, which a running request on a
-        small box would wait for. One at a time, the other spare serves the next request;
-        when they are all taken, a request forks a child of its own (no warm-up: less CPU)."""
-        while (not self.stopping and not self.queue and not self.jobs
-               and len(self.spares) < self.opts.spares
-               and len(self.jobs) + len(self.spares) < self.opts.max_children):
+        """Keep `spares` children warmed and waiting, within max_children. Forking and warming
+        one costs ~5 ms of CPU: the zygote's (zygote.py) take only CPU nothing else wants, so
+        they are asked for at once; without it the parent forks them only while no request
+        runs, which a running request on a small box would wait for. Requests go to warm
+        spares only; with none, a request forks a child of its own (no warm-up: less CPU)."""
+        while self._refill_wanted(bool(self.zygote)):
+            if self.zygote is not None:
+                try:
+                    self.zygote.send(b"S")
+                    self.ordered += 1
+                    continue
+                except OSError:
+                    self._retire_zygote()
             parent_end, child_end = socket.socketpair()
             try:
                 pid = os.fork()
@@ -369,10 +401,82 @@ class Server:
             if pid == 0:
                 parent_end.close()
                 self._become_child()
-                spare_main(child_end, self.opts.timeout, self.runner)  # never returns
+                self._spare_main(child_end)  # never returns
             child_end.close()
             own_group(pid)
-            self.spares[pid] = Spare(pid, parent_end)
+            self._add_spare(parent_end)
+
+    def _add_spare(self, ctl: socket.socket) -> None:
+        spare = self.spares[ctl.fileno()] = Spare(ctl)
+        self.sel.register(ctl, selectors.EVENT_READ,
+                          lambda _c, spare=spare: self._spare_says(spare))
+
+    def _spare_says(self, spare: Spare) -> None:
+        """A spare says when it is warm, with its pid; EOF: it died (reaped as a child)."""
+        try:
+            said = spare.ctl.recv(READY_SIZE, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            said = b""
+        pid = ready_pid(said)
+        if pid:
+            spare.pid, spare.ready = pid, True
+        else:
+            self._drop_spare(spare)
+
+    def _spare_main(self, ctl: socket.socket) -> None:
+        spare_main(ctl, self.opts.timeout, self.runner, self.warm_netns)
+
+    def _start_zygote(self) -> None:
+        """Fork the spare maker (zygote.py), if spares are wanted and we can adopt its
+        grandchildren; else the parent forks its spares itself."""
+        if self.opts.spares <= 0 or not become_subreaper():
+            return
+        parent_end, child_end = socket.socketpair()
+        try:
+            pid = os.fork()
+        except OSError as e:
+            log.error("fork: %s", e)
+            parent_end.close()
+            child_end.close()
+            return
+        if pid == 0:
+            parent_end.close()
+            self._become_child()
+            zygote_main(child_end, self._spare_main)
+            os._exit(0)
+        child_end.close()
+        self.zygote = parent_end
+        self.sel.register(parent_end, selectors.EVENT_READ, lambda _c: self._zygote_says())
+
+    def _zygote_says(self) -> None:
+        assert self.zygote is not None
+        socks = take_spare_sockets(self.zygote)
+        if socks is None:
+            log.warning("the spare maker is gone; forking spares here")
+            self._retire_zygote()
+            return
+        for ctl in socks:
+            self.ordered = max(0, self.ordered - 1)
+            if self.stopping:
+                ctl.close()
+            else:
+                self._add_spare(ctl)
+
+    def _retire_zygote(self) -> None:
+        if self.zygote is not None:
+            self.sel.unregister(self.zygote)
+            self.zygote.close()  # EOF: it exits
+            self.zygote = None
+            self.ordered = 0
+
+    def _drop_spare(self, spare: Spare, retire: bool = True) -> None:
+        """Forget a spare; with retire, close its ctl too (it exits on that EOF)."""
+        if self.spares.pop(spare.ctl.fileno(), None) is not None:
+            self.sel.unregister(spare.ctl)
+        if retire:
+            spare.ctl.close()
 
     def _become_child(self) -> None:
         """Drop everything of the parent's: other clients must see EOF when the parent dies."""
@@ -391,6 +495,8 @@ class Server:
             close_all(other.fds)
         for spare in self.spares.values():
             spare.ctl.close()
+        if self.zygote is not None:
+            self.zygote.close()
         self.sel.close()
 
     def _reap(self) -> None:
@@ -404,9 +510,8 @@ class Server:
             job = self.jobs.pop(pid, None)
             if job is not None:
                 self._finish(job, os.waitstatus_to_exitcode(status))
-            spare = self.spares.pop(pid, None)
-            if spare is not None:  # died before it got work: nothing to answer
-                spare.ctl.close()
+            for spare in [s for s in self.spares.values() if s.pid == pid]:
+                self._drop_spare(spare)  # died before it got work: nothing to answer
 
     def _finish(self, job: Job, code: int) -> None:
         log.debug("served %s (child exit %d)", job.label, code)
