@@ -1,6 +1,6 @@
 """`pycni daemon`: a forkserver that has the heavy modules imported once.
 
-The parent imports pyroute2, pydantic, nftables and every plugin module (preload.py),
+The parent imports pydantic, nftables and every plugin module (preload.py),
 then only accepts connections and reads requests (server.py: non-blocking, each with a deadline,
 so idle or slow clients block nobody). A complete request gets a forked child (child.py): it
 ACKs, enters the caller's mount and network namespaces and working directory, takes the caller's
@@ -50,7 +50,7 @@ def run_daemon(opts: Options, runner: Runner | None = None) -> int:
     missing = preimport()
     if missing:
         log.info("not available (requests for them fail as in-process): %s", ", ".join(missing))
-    warm_up()  # first-use caches (pyroute2's among them) filled once, shared by every child
+    warm_up()  # first-use caches filled once, shared by every child
     gc.collect()
     gc.freeze()  # the imported world stays shared with the children, untouched by their GC
     Server(listener, opts, runner, owned_path=owned).serve()

@@ -9,12 +9,14 @@ import os
 
 log = logging.getLogger("pycni.daemon")
 
-# cni.host.nlsync_iproute: pyroute2's IPRoute, imported by submodule (lean_pyroute2: not its
-# __init__), for the requests that still call it (VLANs, GC).
-HEAVY_MODULES = ("cni.host.nlsync_iproute", "pydantic", "nftables", "cni.skel")
+# pyroute2 is not among them: the common verbs build their netlink requests with host/rtnl.py;
+# the rarer paths still on pyroute2 (bridge VLANs) import it in their child (nlsocket.py).
+HEAVY_MODULES = ("pydantic", "nftables", "cni.skel")
 # Imported inside functions on the request path: imported here, or every child pays for it
-# (bandwidth's tc/ifb/peer alone cost ~3 ms a request: module bodies, dataclass builds).
-LAZY_MODULES = ("pyroute2.netlink.exceptions", "pyroute2.netlink.rtnl.tcmsg", "traceback")
+# (bandwidth's tc/ifb/peer alone cost ~3 ms a request: module bodies, dataclass builds);
+# subprocess for an IPAM plugin that is not ours (~2.5 ms).
+LAZY_MODULES = ("pyroute2.netlink.exceptions", "traceback", "subprocess")
+ON_DEMAND = ("cni.host.nlsync_iproute",)  # in PACKAGES, but not preloaded: see above
 PACKAGES = ("cni.spec", "cni.host", "cni.ipam", "cni.plugins")  # every module in them, too
 
 
@@ -23,8 +25,8 @@ def preimport(extra: tuple[str, ...] = ()) -> list[str]:
     from cni.registry import PLUGINS
 
     missing = []
-    for name in HEAVY_MODULES + tuple(PLUGINS.values()) + LAZY_MODULES + _modules_of(PACKAGES) \
-            + extra:
+    names = HEAVY_MODULES + tuple(PLUGINS.values()) + LAZY_MODULES + _modules_of(PACKAGES)
+    for name in (n for n in names + extra if n not in ON_DEMAND):
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as e:
@@ -41,51 +43,7 @@ def preimport(extra: tuple[str, ...] = ()) -> list[str]:
     from cni.host import nsfd
 
     nsfd.libc()  # loaded once, before the forks
-    compile_netlink_tables()
     return missing
-
-
-# The netlink messages requests build and parse (rtnetlink, tc), by module.
-_TC = "pyroute2.netlink.rtnl.tcmsg"
-NETLINK_MODULES = ("pyroute2.netlink", "pyroute2.netlink.rtnl.ifinfmsg",
-                   "pyroute2.netlink.rtnl.ifaddrmsg", "pyroute2.netlink.rtnl.rtmsg", _TC,
-                   f"{_TC}.common", f"{_TC}.common_act", f"{_TC}.sched_tbf",
-                   f"{_TC}.sched_template", f"{_TC}.cls_u32", f"{_TC}.act_mirred")
-
-
-def compile_netlink_tables() -> int:
-    """Compile pyroute2's NLA tables (per class, on its first instance) here in the parent:
-    otherwise every child compiles the ~40 a chain uses for itself, ~0.3 ms each."""
-    try:
-        from pyroute2.netlink import nlmsg_base
-    except ImportError:
-        return 0
-    seen: set[type] = set()
-
-    def visit(cls: type) -> None:
-        if cls in seen:
-            return
-        seen.add(cls)
-        try:
-            cls()  # nlmsg_base.__init__ compiles the class's table once
-        except Exception:  # a class that needs arguments: its table compiles on first use
-            pass
-        for name in dir(cls):
-            nested = getattr(cls, name, None)
-            if isinstance(nested, type) and issubclass(nested, nlmsg_base):
-                visit(nested)
-
-    roots: list[type] = []
-    for module_name in NETLINK_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        roots += [v for v in vars(module).values()
-                  if isinstance(v, type) and issubclass(v, nlmsg_base)]
-    for cls in roots:
-        visit(cls)
-    return len(seen)
 
 
 def _modules_of(packages: tuple[str, ...]) -> tuple[str, ...]:
@@ -109,7 +67,7 @@ def warm_up(netlink: bool = True) -> None:
     a spare skips the netlink reads: they cost each request ~5 ms of CPU (its spare's) while
     requests now read links with host/rtnl.py, so it only builds and drops one socket."""
     from cni import skel
-    from cni.host import netns
+    from cni.host import links, netns
     from cni.registry import PLUGINS
 
     for plugin in PLUGINS:
@@ -121,9 +79,9 @@ def warm_up(netlink: bool = True) -> None:
     try:
         with netns.iproute() as ipr:
             if netlink:
-                index = ipr.link_lookup(ifname="lo")
-                ipr.get_links(*index)
-                list(ipr.get_addr(index=index[0]))
+                lo = links.get(ipr, "lo")
+                if lo is not None:
+                    ipr.raw.addresses(lo.index)
     except Exception as e:  # warming is an optimisation only
         log.debug("warm-up: %s", e)
 
