@@ -666,3 +666,42 @@ def test_preload_leaves_pyroute2s_iproute_to_the_paths_that_call_it() -> None:
     out = subprocess.run([str(VENV_PY), "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["[]", "SyncIPRoute"]
+
+
+def test_an_answered_request_frees_its_attachment_before_its_child_exits() -> None:
+    """A child that has its reply (named DONE) and whose caller read it and hung up only exits:
+    the next request on the attachment need not wait for that exit (closing an nftables or
+    conntrack socket there can wait for an RCU grace period). A child still working holds it."""
+    import selectors
+
+    from cni.fast.child import DONE
+    from cni.fast.server import Job, Options, Server
+
+    def child_named(name: str) -> subprocess.Popen:
+        code = ("import ctypes, sys, time\n"
+                "ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)\n"  # PR_SET_NAME
+                "print('named', flush=True); time.sleep(60)\n")
+        proc = subprocess.Popen([str(VENV_PY), "-c", code, name], stdout=subprocess.PIPE,
+                                start_new_session=True)
+        assert proc.stdout.readline() == b"named\n"
+        return proc
+
+    listener, _ = socket.socketpair()
+    server = Server(listener, Options(spares=0))
+    key = ("ctr1", "eth0")
+    outcome = {}
+    for name in (DONE, "pycni-request"):
+        child = child_named(name)
+        conn, caller = socket.socketpair()
+        job = Job(child.pid, conn, time.monotonic() + 60, f"loopback ADD {name}", b"", key)
+        server.jobs[child.pid] = job
+        server.busy[key] = {child.pid}
+        server.sel.register(conn, selectors.EVENT_READ)
+        caller.close()  # the shim read its reply (or was killed) and exited
+        server._hangup(job)
+        outcome[name] = (key in server.busy, job.abandoned)
+        child.kill()
+        child.wait()
+        server.jobs.clear()
+        server.busy.clear()
+    assert outcome == {DONE: (False, False), "pycni-request": (True, True)}

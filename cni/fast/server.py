@@ -362,8 +362,11 @@ class Server:
             pass
         self.sel.unregister(job.conn)
         job.watched = False
-        if self.jobs.get(job.pid) is not job or comm(job.pid) == DONE:
-            return  # it had answered: the caller read the reply and closed
+        if self.jobs.get(job.pid) is not job:
+            return
+        if comm(job.pid) == DONE:  # it had answered: the caller read the reply and closed
+            self._release(job)
+            return
         log.info("%s: the caller went away; stopping its request", job.label)
         job.abandoned = True
         self._kill(job)
@@ -513,13 +516,20 @@ class Server:
             for spare in [s for s in self.spares.values() if s.pid == pid]:
                 self._drop_spare(spare)  # died before it got work: nothing to answer
 
-    def _finish(self, job: Job, code: int) -> None:
-        log.debug("served %s (child exit %d)", job.label, code)
+    def _release(self, job: Job) -> None:
+        """The job's attachment is free for the next request: the job is over (reaped), or it
+        has answered and only exits. Exiting closes its sockets, and closing an nftables or
+        conntrack socket waits for nf_tables' pending cleanup after a commit (an RCU grace
+        period, 10-30 ms): the next plugin of the pod need not wait for that."""
         owners = self.busy.get(job.key) if job.key is not None else None
         if owners is not None:
             owners.discard(job.pid)
             if not owners:
                 del self.busy[job.key]
+
+    def _finish(self, job: Job, code: int) -> None:
+        log.debug("served %s (child exit %d)", job.label, code)
+        self._release(job)
         if job.watched:
             self.sel.unregister(job.conn)
         if code not in (0, EXIT_NOT_STARTED) and not job.abandoned:
