@@ -4,8 +4,11 @@ with the conntrack tool: only UDP entries of the given family and ports go, zone
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 
 import pytest
+from cnitest import ROOT
 
 from cni.host import conntrack, netns
 
@@ -76,3 +79,28 @@ def test_a_namespace_tracking_nothing_is_not_dumped(host, monkeypatch) -> None:
         monkeypatch.undo()
         insert(host, 4, 5353)
         assert conntrack.delete_udp_dport({4: {5353}}) == 1
+
+
+def test_a_process_that_exits_after_its_request_leaves_the_close_to_its_exit(host) -> None:
+    """The daemon's child (linger_until_exit) keeps its ctnetlink socket open: its close can
+    wait for nf_tables' cleanup after a commit; exit closes it after the reply."""
+    code = ("import os, sys\n"
+            "from cni.host import conntrack, netns\n"
+            "def sockets():\n"
+            "    fds = os.listdir('/proc/self/fd')\n"
+            "    links = [os.readlink(f'/proc/self/fd/{fd}') for fd in fds\n"
+            "             if os.path.exists(f'/proc/self/fd/{fd}')]\n"
+            "    return sum(link.startswith('socket:') for link in links)\n"
+            "with netns.entered(sys.argv[1]):\n"
+            "    before = sockets()\n"
+            "    first = conntrack.delete_udp_dport({4: {5353}})\n"
+            "    closed = sockets() - before\n"
+            "    conntrack.linger_until_exit()\n"
+            "    second = conntrack.delete_udp_dport({4: {5454}})\n"
+            "    print(first, closed, second, sockets() - before)\n")
+    insert(host, 4, 5353)
+    insert(host, 4, 5454)
+    out = subprocess.run([sys.executable, "-c", code, host.path], capture_output=True,
+                         text=True, check=True, cwd=ROOT).stdout.split()
+    assert out == ["1", "0", "1", "1"]
+    assert not [e for e in listed(host, 4) if "udp" in e]

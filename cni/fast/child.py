@@ -130,6 +130,9 @@ def run_child(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes, 
             os._exit(0)
         if runner is None:
             from cni import skel
+            from cni.host import conntrack
+
+            conntrack.linger_until_exit()  # we exit right after the reply (see conntrack)
             runner = skel.run
         reply = runner(plugin, env, stdin, netns_fd(by_role))
         set_name(DONE)  # the parent must not take the caller's close for a hang-up now

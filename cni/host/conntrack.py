@@ -39,6 +39,19 @@ _CTA_FILTER_REPLY_FLAGS = 2
 _FILTER_PROTO_NUM = 1 << 3  # CTA_FILTER_FLAG(CTA_PROTO_NUM): bit CTA_FILTER_F_CTA_PROTO_NUM
 _AF = {4: socket.AF_INET, 6: socket.AF_INET6}
 COUNT = "/proc/sys/net/netfilter/nf_conntrack_count"  # per namespace: the reader's
+# Closing a ctnetlink socket that has sent (NETLINK_URELEASE) makes nf_tables flush its pending
+# transaction cleanup, which waits for an RCU grace period after any nft commit: 10-30 ms right
+# after portmap's own rules went in. A process that exits once its request is answered (the
+# daemon's child) keeps its sockets open instead (linger_until_exit): exit closes them after
+# the reply. Anyone else closes at once.
+_lingering: list[socket.socket] | None = None
+
+
+def linger_until_exit() -> None:
+    """This process exits after its one request: leave the sockets' close to its exit."""
+    global _lingering
+    if _lingering is None:
+        _lingering = []
 
 
 def delete_udp_dport(ports: Mapping[int, Iterable[int]]) -> int:
@@ -65,7 +78,10 @@ def delete_udp_dport(ports: Mapping[int, Iterable[int]]) -> int:
                     if e.errno != errno.ENOENT:
                         raise
     finally:
-        sock.close()
+        if _lingering is None:
+            sock.close()
+        else:
+            _lingering.append(sock)
     return deleted
 
 
