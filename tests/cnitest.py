@@ -11,6 +11,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,15 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "bin"
 VENV_PY = ROOT / ".venv" / "bin" / "python"
 REFERENCE_BIN = Path("/usr/lib/cni")
+
+
+def loaded_by(module: str, candidates: tuple[str, ...]) -> list[str]:
+    """Which of `candidates` a fresh interpreter has in sys.modules after importing `module`."""
+    code = (f"import sys, {module}; "
+            f"print(' '.join(m for m in {candidates!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    return out.stdout.split()
 
 
 def sh(*cmd: str, check: bool = True, netns: str | None = None,

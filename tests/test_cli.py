@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
+from cnitest import loaded_by
 from test_runtime import Fakes
 
 from cni import cli
@@ -165,9 +166,4 @@ def test_lazy_commands_import_their_module_only_when_run(tmp_path: Path,
 
 
 def test_the_cli_imports_nothing_heavy_for_the_cnitool_verbs() -> None:
-    code = ("import sys, cni.cli; "
-            "print([m for m in ('pydantic', 'pyroute2', 'cni.plugins', 'cni.demo') "
-            "if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=ROOT)
-    assert out.stdout.strip() == "[]"
+    assert loaded_by("cni.cli", ("pydantic", "pyroute2", "cni.plugins", "cni.demo")) == []

@@ -6,10 +6,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cnitest import loaded_by
 from test_host_local import GO, ROOT, conf, needs_go, reservations, store_files
 
 from cni.ipam import delegate
@@ -155,9 +155,5 @@ def test_exec_add_result_converted(tmp_path):
 def test_delegation_imports_only_the_exec_module() -> None:
     """Bridge imports this on every exec: cni.runtime's chain, cache and conflist, and
     subprocess (imported when a plugin is exec'd), would cost each one ~5 ms."""
-    code = ("import sys, cni.ipam.delegate; print(sorted(m for m in ('subprocess', "
-            "'cni.runtime.chain', 'cni.runtime.cache', 'cni.runtime.conflist') "
-            "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=ROOT)
-    assert out.stdout.strip() == "[]"
+    assert loaded_by("cni.ipam.delegate", ("subprocess", "cni.runtime.chain",
+                                           "cni.runtime.cache", "cni.runtime.conflist")) == []

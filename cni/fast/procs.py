@@ -1,8 +1,31 @@
-"""What the daemon reads of its children from /proc, and their process groups."""
+"""What the daemon reads of its children from /proc, their process groups, and forking one
+with a control socket."""
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
+
+log = logging.getLogger("pycni.daemon")
+
+
+def fork_with_socket(what: str) -> tuple[int, socket.socket] | None:
+    """Fork with a socketpair between the two: (child's pid, the parent's end) in the parent,
+    (0, the child's end) in the child; None (logged) if the fork failed."""
+    parent_end, child_end = socket.socketpair()
+    try:
+        pid = os.fork()
+    except OSError as e:
+        log.error("%s: %s", what, e)
+        parent_end.close()
+        child_end.close()
+        return None
+    if pid == 0:
+        parent_end.close()
+        return 0, child_end
+    child_end.close()
+    return pid, parent_end
 
 
 def comm(pid: int) -> str:

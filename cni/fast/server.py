@@ -28,7 +28,7 @@ from cni.fast.child import (
 from cni.fast.fds import close_all, drain, fds_from, peer_gone, send_quietly
 from cni.fast.listener import inode, sd_notify, sock_name
 from cni.fast.preload import private_netns
-from cni.fast.procs import comm, own_group, parent
+from cni.fast.procs import comm, fork_with_socket, own_group, parent
 from cni.fast.zygote import become_subreaper, take_spare_sockets, zygote_main
 
 log = logging.getLogger("pycni.daemon")
@@ -393,21 +393,14 @@ class Server:
                     continue
                 except OSError:
                     self._retire_zygote()
-            parent_end, child_end = socket.socketpair()
-            try:
-                pid = os.fork()
-            except OSError as e:
-                log.error("fork: %s", e)
-                parent_end.close()
-                child_end.close()
+            forked = self._fork()
+            if forked is None:
                 return
+            pid, end = forked
             if pid == 0:
-                parent_end.close()
-                self._become_child()
-                self._spare_main(child_end)  # never returns
-            child_end.close()
+                self._spare_main(end)  # never returns
             own_group(pid)
-            self._add_spare(parent_end)
+            self._add_spare(end)
 
     def _add_spare(self, ctl: socket.socket) -> None:
         spare = self.spares[ctl.fileno()] = Spare(ctl)
@@ -436,22 +429,15 @@ class Server:
         grandchildren; else the parent forks its spares itself."""
         if self.opts.spares <= 0 or not become_subreaper():
             return
-        parent_end, child_end = socket.socketpair()
-        try:
-            pid = os.fork()
-        except OSError as e:
-            log.error("fork: %s", e)
-            parent_end.close()
-            child_end.close()
+        forked = self._fork()
+        if forked is None:
             return
+        pid, end = forked
         if pid == 0:
-            parent_end.close()
-            self._become_child()
-            zygote_main(child_end, self._spare_main)
+            zygote_main(end, self._spare_main)
             os._exit(0)
-        child_end.close()
-        self.zygote = parent_end
-        self.sel.register(parent_end, selectors.EVENT_READ, lambda _c: self._zygote_says())
+        self.zygote = end
+        self.sel.register(end, selectors.EVENT_READ, lambda _c: self._zygote_says())
 
     def _zygote_says(self) -> None:
         assert self.zygote is not None
@@ -480,6 +466,13 @@ class Server:
             self.sel.unregister(spare.ctl)
         if retire:
             spare.ctl.close()
+
+    def _fork(self) -> tuple[int, socket.socket] | None:
+        """fork_with_socket, the child leaving the parent's loop behind (_become_child)."""
+        forked = fork_with_socket("fork")
+        if forked is not None and forked[0] == 0:
+            self._become_child()
+        return forked
 
     def _become_child(self) -> None:
         """Drop everything of the parent's: other clients must see EOF when the parent dies."""

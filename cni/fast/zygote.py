@@ -26,6 +26,7 @@ import struct
 from collections.abc import Callable
 
 from cni.fast.fds import fds_from
+from cni.fast.procs import fork_with_socket
 
 log = logging.getLogger("pycni.daemon")
 
@@ -74,25 +75,19 @@ def zygote_main(ctl: socket.socket, spare_main: SpareMain) -> None:
 def _make_spare(ctl: socket.socket, spare_main: SpareMain) -> int | None:
     """Fork the intermediate, which forks the spare and exits; -> the parent's end of the
     spare's control socket."""
-    parent_end, child_end = socket.socketpair()
-    try:
-        pid = os.fork()
-    except OSError as e:
-        log.error("zygote fork: %s", e)
-        parent_end.close()
-        child_end.close()
+    forked = fork_with_socket("zygote fork")
+    if forked is None:
         return None
+    pid, end = forked
     if pid == 0:
         try:
             ctl.close()
-            parent_end.close()
             if os.fork() == 0:
-                spare_main(child_end)  # never returns
+                spare_main(end)  # never returns
         finally:
             os._exit(0)
-    child_end.close()
     os.waitpid(pid, 0)
-    return parent_end.detach()
+    return end.detach()
 
 
 def take_spare_sockets(ctl: socket.socket) -> list[socket.socket] | None:
