@@ -49,3 +49,20 @@ def test_batch_is_atomic_and_rules_are_found_by_comment(host) -> None:
     # and the machine's own ruleset never saw table t
     mine = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
     assert "table ip t\n" not in mine
+
+
+def test_each_namespace_gets_its_own_nftables_context(netns_factory) -> None:
+    """libnftables keeps the socket of the namespace a context was made in: one process that
+    works in two namespaces (a daemon child, a test) must read and change each one's own."""
+    from cni.host import netns, nft
+
+    a, b = netns_factory("pycni-nfta"), netns_factory("pycni-nftb")
+    a.run("nft", "add", "table", "ip", "only_in_a")
+    with netns.entered(a.path):
+        in_a = [o["table"]["name"] for o in nft.list_json("tables") if "table" in o]
+    with netns.entered(b.path):
+        in_b = [o["table"]["name"] for o in nft.list_json("tables") if "table" in o]
+        nft.run("add table ip only_in_b\n")
+    assert (in_a, in_b) == (["only_in_a"], [])
+    assert "only_in_b" in b.run("nft", "list", "tables").stdout
+    assert "only_in_b" not in a.run("nft", "list", "tables").stdout

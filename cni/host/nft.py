@@ -13,7 +13,10 @@ from typing import Any
 
 from cni.host.errors import HostError
 
-_ctx = None
+# One libnftables context per network namespace: a context keeps the netlink socket it opened
+# in the namespace it was made in, so a context reused after a setns would read and change the
+# first namespace's ruleset.
+_ctx: dict[tuple[int, int], Any] = {}
 _SAFE_COMMENT = re.compile(r"^[A-Za-z0-9 _.,:/@=+\-]*$")
 _IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
 # What nft's scanner reads as one unquoted identifier (1.0.6 takes no quoted chain names).
@@ -31,8 +34,12 @@ class NftUnavailable(NftError):
 
 
 def _nft():
-    global _ctx
-    if _ctx is None:
+    import os
+
+    st = os.stat("/proc/thread-self/ns/net")
+    key = (st.st_dev, st.st_ino)
+    ctx = _ctx.get(key)
+    if ctx is None:
         try:
             import nftables
             ctx = nftables.Nftables()
@@ -40,8 +47,8 @@ def _nft():
             raise NftUnavailable(f"libnftables is not usable: {e}") from None
         ctx.set_json_output(False)
         ctx.set_handle_output(True)
-        _ctx = ctx
-    return _ctx
+        _ctx[key] = ctx
+    return ctx
 
 
 def run(script: str) -> None:
