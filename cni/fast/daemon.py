@@ -8,7 +8,7 @@ environment and umask, runs `skel.run(plugin, env, stdin, netns=fd)` and sends t
 parent kills a child that overruns its timeout and answers for it; a child that crashes gets an
 error reply; neither touches the parent or any other request. Children are mostly spares, forked
 and warmed ahead by the zygote (zygote.py: a child of the parent at SCHED_IDLE, so that the
-parent never forks on the request path) and adopted by the parent, a child subreaper.
+parent forks only when no spare is ready) and adopted by the parent, a child subreaper.
 
 Listening (listener.py): an inherited socket (systemd socket activation: LISTEN_FDS/LISTEN_PID),
 else a socket it binds itself (default /run/pycni/pycni.sock; directory 0700, socket 0600). Peers

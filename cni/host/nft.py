@@ -8,6 +8,7 @@ a script goes through `quote` or a validator first: nothing unvalidated gets int
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
@@ -34,8 +35,6 @@ class NftUnavailable(NftError):
 
 
 def _nft():
-    import os
-
     st = os.stat("/proc/thread-self/ns/net")
     key = (st.st_dev, st.st_ino)
     ctx = _ctx.get(key)
