@@ -8,7 +8,6 @@ enforces the reference's name rule), so it splits back unambiguously. ifbs witho
 from __future__ import annotations
 
 import errno
-import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,22 +36,13 @@ def alias_for(network: str, container_id: str) -> str:
 def create(ipr: IPRoute, name: str, mtu: int, network: str, container_id: str) -> Ifb:
     """Add the ifb (txqueuelen 0 and the MTU given, as the reference), mark it, set it up.
     Built with rtnl.py, byte for byte what pyroute2's link("add"/"set") sent."""
-    u32 = struct.Struct("=I")
-    ipr.request_raw(rtnl.RTM_NEWLINK, rtnl.NLM_F_CREATE | rtnl.NLM_F_EXCL,
-                    rtnl.IFINFO.pack(0, 0, 0, 0, 0)
-                    + rtnl.attr(rtnl.IFLA_IFNAME, name.encode() + b"\0")
-                    + rtnl.attr(rtnl.IFLA_MTU, u32.pack(mtu))
-                    + rtnl.attr(rtnl.IFLA_TXQLEN, u32.pack(0))
-                    + rtnl.attr(rtnl.IFLA_LINKINFO, rtnl.attr(rtnl.IFLA_INFO_KIND, b"ifb\0")))
+    ipr.request_raw(*rtnl.link_add_ifb(name, mtu))
     link = links.get(ipr, name)  # index and MAC in one request (up keeps the MAC)
     if link is None:
         raise HostError(f"ifb {name} vanished right after it was created")
     index = link.index
     try:
-        ipr.request_raw(rtnl.RTM_NEWLINK, 0,
-                        rtnl.IFINFO.pack(0, 0, index, rtnl.IFF_UP, rtnl.IFF_UP)
-                        + rtnl.attr(rtnl.IFLA_IFALIAS,
-                                    alias_for(network, container_id).encode() + b"\0"))
+        ipr.request_raw(*rtnl.link_set_up_alias(index, alias_for(network, container_id)))
     except Exception:
         links.remove(ipr, index)
         raise

@@ -227,6 +227,19 @@ def link_add_veth(name: str, peer: str, peer_ns_fd: int, mtu: int = 0,
     return RTM_NEWLINK, _CREATE, body
 
 
+def link_add_ifb(name: str, mtu: int) -> Request:
+    """ip link add NAME mtu MTU txqueuelen 0 type ifb (the MTU always sent, 0 included)."""
+    body = _ifinfo() + _ifname(name) + _u32(IFLA_MTU, mtu) + _u32(IFLA_TXQLEN, 0) + \
+        _kind("ifb")
+    return RTM_NEWLINK, _CREATE, body
+
+
+def link_set_up_alias(index: int, alias: str) -> Request:
+    """ip link set INDEX up alias ALIAS, in one request."""
+    return RTM_NEWLINK, 0, _ifinfo(index, IFF_UP, IFF_UP) + attr(IFLA_IFALIAS,
+                                                                 alias.encode() + b"\0")
+
+
 def link_set_flags(index: int, flags: int, change: int) -> Request:
     """Set the `change` bits of the link's flags to those of `flags` (IFF_UP, IFF_PROMISC)."""
     return RTM_NEWLINK, 0, _ifinfo(index, flags, change)
@@ -400,7 +413,7 @@ class Rtnl:
         return found
 
     def set_up(self, index: int, up: bool) -> None:
-        self.request(RTM_NEWLINK, 0, IFINFO.pack(0, 0, index, IFF_UP if up else 0, IFF_UP))
+        self.request(*link_set_flags(index, IFF_UP if up else 0, IFF_UP))
 
     def addresses(self, index: int) -> list[str]:
         """The link's addresses as 'ip/prefix', v4 first, each family in the kernel's order."""
