@@ -79,7 +79,8 @@ class _Borrowed(AbstractContextManager):
         return None
 
 
-def _ns_key(target: int | str | None) -> tuple[int, int]:
+def ns_key(target: int | str | None = None) -> tuple[int, int]:
+    """A namespace's identity, (st_dev, st_ino): `target`'s, or the calling thread's."""
     if target is None:
         st = os.stat("/proc/thread-self/ns/net")
     else:
@@ -99,7 +100,7 @@ def iproute(target: int | str | None = None) -> AbstractContextManager[NetlinkSo
     if sockets is None:
         return _new_iproute(target)
     # Keyed by the namespace itself, not the path: None inside entered() is the container.
-    key = _ns_key(target)
+    key = ns_key(target)
     ipr = sockets.get(key)
     if ipr is None:
         ipr = sockets[key] = _new_iproute(target)

@@ -8,10 +8,10 @@ a script goes through `quote` or a validator first: nothing unvalidated gets int
 from __future__ import annotations
 
 import json
-import os
 import re
 from typing import Any
 
+from cni.host import netns
 from cni.host.errors import HostError
 
 # One libnftables context per network namespace: a context keeps the netlink socket it opened
@@ -35,8 +35,7 @@ class NftUnavailable(NftError):
 
 
 def _nft():
-    st = os.stat("/proc/thread-self/ns/net")
-    key = (st.st_dev, st.st_ino)
+    key = netns.ns_key()
     ctx = _ctx.get(key)
     if ctx is None:
         try:
