@@ -56,15 +56,17 @@ def lookup(ipr: IPRoute, name: str) -> int | None:
 
 def delete(ipr: IPRoute, name: str, index: int | None = None) -> bool:
     """Delete the link by name (or by `index`, when the caller just looked it up); False if it
-    was not there."""
-    from pyroute2.netlink.exceptions import NetlinkError  # its module alone (nlsocket.py)
+    was not there. `ipr` is the calling thread's namespace's; returns once the ifb is gone,
+    without the kernel's clean-up wait after (linkgone.py)."""
+    from cni.host import linkgone
+    from cni.host.nlsocket import NetlinkError
 
     if index is None:
         index = lookup(ipr, name)
     if index is None:
         return False
     try:
-        links.remove(ipr, index)
+        linkgone.remove(index)
     except NetlinkError as e:
         if e.code in (errno.ENODEV, errno.ENOENT):
             return False

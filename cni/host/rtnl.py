@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the requests take parsed addresses; loopback's path never imports these
     import ipaddress
-    from collections.abc import Mapping
+    from collections.abc import Iterator, Mapping
 
 RTM_NEWLINK = 16
 RTM_DELLINK = 17
@@ -135,6 +135,17 @@ def attr_list(data: bytes, offset: int = 0) -> list[tuple[int, bytes]]:
         out.append((kind & NLA_TYPE_MASK, data[offset + _RTA.size:offset + size]))
         offset += _align(size)
     return out
+
+
+def messages(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """The netlink messages in one datagram, as (type, sequence number, payload)."""
+    offset = 0
+    while offset + _HDR.size <= len(data):
+        size, mtype, _, seq, _ = _HDR.unpack_from(data, offset)
+        if size < _HDR.size:
+            return
+        yield mtype, seq, data[offset + _HDR.size:offset + size]
+        offset += _align(size)
 
 
 def _text(value: bytes) -> str:
@@ -361,14 +372,7 @@ class Rtnl:
         self.sock.send(_HDR.pack(_HDR.size + len(body), kind, flags, self.seq, 0) + body)
         out: list[tuple[int, bytes]] = []
         while True:
-            data = self.sock.recv(1 << 16)
-            offset = 0
-            while offset + _HDR.size <= len(data):
-                size, mtype, _, seq, _ = _HDR.unpack_from(data, offset)
-                if size < _HDR.size:
-                    break
-                payload = data[offset + _HDR.size:offset + size]
-                offset += _align(size)
+            for mtype, seq, payload in messages(self.sock.recv(1 << 16)):
                 if seq != self.seq:
                     continue  # a late answer to something else: not ours
                 if mtype == NLMSG_DONE:

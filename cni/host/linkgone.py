@@ -1,0 +1,111 @@
+"""Delete a link and return once the kernel has announced it gone, not once it has freed it.
+
+RTM_DELLINK is answered only after the kernel's clean-up of the unregistered device
+(netdev_run_todo: an rcu_barrier() and the wait for its last references), 5-35 ms here and
+more on a busy node. Everything a caller can observe is done before that: the device has left
+its namespace (its name and index are free), its veth peer with it, bridge ports, addresses and
+routes are gone, and the kernel has sent RTM_DELLINK to the namespace's listeners.
+
+So the request goes out from a helper thread, on a socket of its own, while this thread listens
+for those announcements: for the link, and for its veth peer in the calling thread's namespace
+(the peer is unregistered in the same batch, after it). The helper finishes the wait alone; a
+process that exits waits for it in the kernel, but its reply has gone out by then (the daemon's
+child). If the request fails, its error comes first (nothing was deleted, nothing announced);
+if the announcements cannot be read (a listener's buffer overran) or a peer lives elsewhere, this
+simply waits for the answer, as a plain delete would.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import socket
+import threading
+from contextlib import nullcontext
+
+from cni.host import netns, rtnl
+from cni.host.nlsocket import NetlinkError
+
+RTMGRP_LINK = 1
+AF_UNSPEC = 0  # the link's own announcement (a bridge port's removal is also sent as AF_BRIDGE)
+
+
+def remove(index: int, target: int | str | None = None, peer_index: int = 0) -> None:
+    """Delete link `index` of namespace `target` (None: this thread's); also wait for its veth
+    peer `peer_index` (in this thread's namespace) to go. A kernel error is NetlinkError."""
+    with netns.entered(target) if target is not None else nullcontext():
+        sender = rtnl.Rtnl()
+        listeners = [_listener()]
+    watched = [(listeners[0], index)]
+    if peer_index:
+        listeners.append(_listener())
+        watched.append((listeners[1], peer_index))
+    answered, done = os.pipe2(os.O_CLOEXEC)
+    outcome: list[OSError | None] = []
+
+    def send() -> None:
+        try:
+            sender.request(*rtnl.link_del(index))
+            outcome.append(None)
+        except OSError as e:
+            outcome.append(e)
+        finally:
+            sender.sock.close()
+            try:
+                os.write(done, b".")
+            except OSError:
+                pass  # the caller has gone on: nobody reads the pipe any more
+            os.close(done)
+
+    helper = threading.Thread(target=send, name="pycni-linkdel", daemon=True)
+    try:
+        helper.start()
+        if _announced(watched, answered):
+            return
+        helper.join()  # answered first, or the announcements were lost
+        if outcome and outcome[0] is not None:
+            raise NetlinkError(outcome[0].errno or errno.EIO) from None
+    finally:
+        os.close(answered)
+        for sock in listeners:
+            sock.close()
+
+
+def _listener() -> socket.socket:
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
+                         socket.NETLINK_ROUTE)
+    sock.bind((0, RTMGRP_LINK))
+    return sock
+
+
+def _announced(watched: list[tuple[socket.socket, int]], answered: int) -> bool:
+    """Whether every watched link was announced gone before the request was answered."""
+    waiting = {sock.fileno(): (sock, index) for sock, index in watched}
+    poller = select.poll()
+    for fd in (*waiting, answered):
+        poller.register(fd, select.POLLIN)
+    while waiting:
+        for fd, _ in poller.poll():
+            if fd == answered:
+                return False
+            sock, index = waiting[fd]
+            try:
+                data = sock.recv(1 << 16)
+            except OSError:  # ENOBUFS: announcements were dropped, ours may be among them
+                return False
+            if index in _deleted(data):
+                del waiting[fd]
+                poller.unregister(fd)
+    return True
+
+
+def _deleted(data: bytes) -> set[int]:
+    """The indexes of the links that RTM_DELLINK messages in `data` announce gone."""
+    gone = set()
+    for kind, _, payload in rtnl.messages(data):
+        if kind == rtnl.RTM_DELLINK and len(payload) >= rtnl.IFINFO.size:
+            family, _, index, _, _ = rtnl.IFINFO.unpack_from(payload)
+            if family == AF_UNSPEC:
+                gone.add(index)
+    return gone

@@ -1,0 +1,111 @@
+"""Deleting links without the kernel's clean-up wait (cni/host/linkgone.py): the call returns
+on the kernel's announcements, and by then the links are gone, peer and bridge port included."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+import pytest
+
+from cni.host import ifb, linkgone, links, netns, rtnl, veth
+from cni.host.errors import HostError
+from cni.host.nlsocket import NetlinkError
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture
+def held_answer(monkeypatch):
+    """The helper thread's request reaches the kernel, but its answer is held back until the
+    test lets it go: a remove() that returns meanwhile returned on the announcements."""
+    release, answered = threading.Event(), threading.Event()
+    real = rtnl.Rtnl.request
+
+    def request(self, *args):
+        out = real(self, *args)
+        if threading.current_thread().name == "pycni-linkdel":
+            release.wait(10)
+            answered.set()
+        return out
+
+    monkeypatch.setattr(rtnl.Rtnl, "request", request)
+    yield answered
+    release.set()
+
+
+def wired_pod(host, pod) -> str:
+    """A bridge in `host` with one port: a veth whose other end is the pod's eth0."""
+    host.run("ip", "link", "add", "br0", "type", "bridge")
+    host.run("ip", "link", "add", "vhost0", "type", "veth", "peer", "name", "eth0",
+             "netns", pod.path)
+    host.run("ip", "link", "set", "vhost0", "master", "br0", "up")
+    pod.run("ip", "addr", "add", "10.99.0.2/24", "dev", "eth0")
+    return "vhost0"
+
+
+def test_veth_is_gone_with_its_host_end_and_bridge_port_before_the_answer(
+        host, pod, held_answer) -> None:
+    host_end = wired_pod(host, pod)
+    with netns.entered(host.path):
+        assert veth.delete_container_end(pod.path, "eth0") is True
+    assert not held_answer.is_set()  # returned on the announcements, the answer still held
+    assert "eth0" not in pod.links()
+    assert host_end not in host.links()
+    assert host.ip("link", "show", "master", "br0") == []
+    assert "lo" in pod.links()  # the pod's namespace itself is untouched
+
+
+def test_ifb_is_gone_before_the_answer(host, held_answer) -> None:
+    host.run("ip", "link", "add", "bwptest", "type", "ifb")
+    with netns.entered(host.path), netns.iproute() as ipr:
+        assert ifb.delete(ipr, "bwptest") is True
+        assert not held_answer.is_set()
+        assert "bwptest" not in host.links()
+        assert ifb.delete(ipr, "bwptest") is False  # DEL again: nothing there, no error
+
+
+def test_a_refused_delete_is_an_error_and_changes_nothing(host, pod) -> None:
+    with netns.entered(host.path), pytest.raises(HostError, match="failed to delete 'lo'"):
+        veth.delete_container_end(pod.path, "lo")
+    assert "lo" in pod.links()
+
+
+def test_a_missing_index_is_enodev(host) -> None:
+    with netns.entered(host.path), pytest.raises(NetlinkError) as e:
+        linkgone.remove(99999)
+    assert e.value.code == errno.ENODEV
+
+
+def test_a_peer_announced_nowhere_falls_back_to_the_answer(host, pod) -> None:
+    """A peer index this namespace never announces (the peer lives elsewhere): remove() waits
+    for the kernel's answer instead, and the link is still deleted."""
+    wired_pod(host, pod)
+    with netns.iproute(pod.path) as cipr:
+        index = links.get(cipr, "eth0").index
+    with netns.entered(host.path):
+        linkgone.remove(index, pod.path, peer_index=99999)
+    assert "eth0" not in pod.links()
+
+
+def test_announcements_are_read_from_the_kernel_messages(host) -> None:
+    """_announced on real RTM_DELLINK messages: the watched index is seen, another is not."""
+    host.run("ip", "link", "add", "ifbtest0", "type", "ifb")
+    host.run("ip", "link", "add", "ifbtest1", "type", "ifb")
+    with netns.entered(host.path):
+        with netns.iproute() as ipr:
+            kept = links.get(ipr, "ifbtest1").index
+            gone = links.get(ipr, "ifbtest0").index
+        listener = linkgone._listener()
+    answered, done = os.pipe()
+    try:
+        host.run("ip", "link", "del", "ifbtest0")
+        assert linkgone._announced([(listener, gone)], answered) is True
+        host.run("ip", "link", "del", "ifbtest1")
+        os.write(done, b".")  # answered first: the other index was never announced to it
+        assert linkgone._announced([(listener, kept + 1000)], answered) is False
+    finally:
+        for fd in (answered, done):
+            os.close(fd)
+        listener.close()
