@@ -109,3 +109,17 @@ def test_announcements_are_read_from_the_kernel_messages(host) -> None:
         for fd in (answered, done):
             os.close(fd)
         listener.close()
+
+
+def test_without_a_thread_the_caller_deletes_and_reports(host, monkeypatch) -> None:
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(linkgone.threading.Thread, "start", refuse)
+    host.run("ip", "link", "add", "bwptest", "type", "ifb")
+    with netns.entered(host.path), netns.iproute() as ipr:
+        assert ifb.delete(ipr, "bwptest") is True
+        assert "bwptest" not in host.links()
+        with pytest.raises(NetlinkError) as e:
+            linkgone.remove(99999)
+        assert e.value.code == errno.ENODEV

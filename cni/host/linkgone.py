@@ -17,7 +17,6 @@ simply waits for the answer, as a plain delete would.
 
 from __future__ import annotations
 
-import errno
 import os
 import select
 import socket
@@ -41,31 +40,36 @@ def remove(index: int, target: int | str | None = None, peer_index: int = 0) -> 
     if peer_index:
         listeners.append(_listener())
         watched.append((listeners[1], peer_index))
+    # The helper closes its end of the pipe when the answer is in: no write that could meet a
+    # closed reader, and poll sees the hang-up.
     answered, done = os.pipe2(os.O_CLOEXEC)
-    outcome: list[OSError | None] = []
+    outcome: list[BaseException | None] = []
 
     def send() -> None:
         try:
             sender.request(*rtnl.link_del(index))
             outcome.append(None)
-        except OSError as e:
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, if it still waits
             outcome.append(e)
         finally:
             sender.sock.close()
-            try:
-                os.write(done, b".")
-            except OSError:
-                pass  # the caller has gone on: nobody reads the pipe any more
             os.close(done)
 
     helper = threading.Thread(target=send, name="pycni-linkdel", daemon=True)
     try:
-        helper.start()
-        if _announced(watched, answered):
-            return
-        helper.join()  # answered first, or the announcements were lost
-        if outcome and outcome[0] is not None:
-            raise NetlinkError(outcome[0].errno or errno.EIO) from None
+        try:
+            helper.start()
+        except RuntimeError:  # no thread to be had: send it from here, as a plain delete
+            send()
+        else:
+            if _announced(watched, answered):
+                return
+            helper.join()  # answered first, or the announcements were lost
+        error = outcome[0] if outcome else RuntimeError("the link delete did not finish")
+        if isinstance(error, OSError) and error.errno:
+            raise NetlinkError(error.errno) from None
+        if error is not None:
+            raise error
     finally:
         os.close(answered)
         for sock in listeners:
@@ -83,8 +87,9 @@ def _announced(watched: list[tuple[socket.socket, int]], answered: int) -> bool:
     """Whether every watched link was announced gone before the request was answered."""
     waiting = {sock.fileno(): (sock, index) for sock, index in watched}
     poller = select.poll()
-    for fd in (*waiting, answered):
+    for fd in waiting:
         poller.register(fd, select.POLLIN)
+    poller.register(answered, select.POLLIN | select.POLLHUP)
     while waiting:
         for fd, _ in poller.poll():
             if fd == answered:
