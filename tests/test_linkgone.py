@@ -73,19 +73,29 @@ def test_a_refused_delete_is_an_error_and_changes_nothing(host, pod) -> None:
 
 
 def test_a_missing_index_is_enodev(host) -> None:
-    with netns.entered(host.path), pytest.raises(NetlinkError) as e:
-        linkgone.remove(99999)
+    with netns.iproute(host.path) as ipr, pytest.raises(NetlinkError) as e:
+        linkgone.remove(ipr, 99999)
     assert e.value.code == errno.ENODEV
+
+
+def test_the_socket_names_the_namespace_not_the_thread(host, pod) -> None:
+    """An index means something only in its namespace: the delete goes to the namespace of
+    the socket the index was read with, whichever namespace the thread is in."""
+    host.run("ip", "link", "add", "ifbhost", "type", "ifb")
+    pod.run("ip", "link", "add", "ifbpod", "type", "ifb")
+    assert host.links()["ifbhost"]["ifindex"] == pod.links()["ifbpod"]["ifindex"]
+    with netns.entered(host.path), netns.iproute(pod.path) as pod_ipr:
+        assert ifb.delete(pod_ipr, "ifbpod") is True
+    assert "ifbpod" not in pod.links()
+    assert "ifbhost" in host.links()
 
 
 def test_a_peer_announced_nowhere_falls_back_to_the_answer(host, pod) -> None:
     """A peer index this namespace never announces (the peer lives elsewhere): remove() waits
     for the kernel's answer instead, and the link is still deleted."""
     wired_pod(host, pod)
-    with netns.iproute(pod.path) as cipr:
-        index = links.get(cipr, "eth0").index
-    with netns.entered(host.path):
-        linkgone.remove(index, pod.path, peer_index=99999)
+    with netns.iproute(pod.path) as cipr, netns.iproute(host.path) as ipr:
+        linkgone.remove(cipr, links.get(cipr, "eth0").index, (ipr, 99999))
     assert "eth0" not in pod.links()
 
 
@@ -121,5 +131,5 @@ def test_without_a_thread_the_caller_deletes_and_reports(host, monkeypatch) -> N
         assert ifb.delete(ipr, "bwptest") is True
         assert "bwptest" not in host.links()
         with pytest.raises(NetlinkError) as e:
-            linkgone.remove(99999)
+            linkgone.remove(ipr, 99999)
         assert e.value.code == errno.ENODEV

@@ -56,8 +56,8 @@ def lookup(ipr: IPRoute, name: str) -> int | None:
 
 def delete(ipr: IPRoute, name: str, index: int | None = None) -> bool:
     """Delete the link by name (or by `index`, when the caller just looked it up); False if it
-    was not there. `ipr` is the calling thread's namespace's; returns once the ifb is gone,
-    without the kernel's clean-up wait after (linkgone.py)."""
+    was not there. Returns once the ifb is gone, without the kernel's clean-up wait after
+    (linkgone.py)."""
     from cni.host import linkgone
     from cni.host.nlsocket import NetlinkError
 
@@ -66,7 +66,7 @@ def delete(ipr: IPRoute, name: str, index: int | None = None) -> bool:
     if index is None:
         return False
     try:
-        linkgone.remove(index)
+        linkgone.remove(ipr, index)
     except NetlinkError as e:
         if e.code in (errno.ENODEV, errno.ENOENT):
             return False

@@ -7,8 +7,9 @@ its namespace (its name and index are free), its veth peer with it, bridge ports
 routes are gone, and the kernel has sent RTM_DELLINK to the namespace's listeners.
 
 So the request goes out from a helper thread, on a socket of its own, while this thread listens
-for those announcements: for the link, and for its veth peer in the calling thread's namespace
-(the peer is unregistered in the same batch, after it). The helper finishes the wait alone; a
+for those announcements: for the link, and for its veth peer (unregistered in the same batch,
+after it). Each namespace is the one of the caller's socket for it (SIOCGSKNS), never the
+thread's: an index means nothing in another namespace. The helper finishes the wait alone; a
 process that exits waits for it in the kernel, but its reply has gone out by then (the daemon's
 child). If the request fails, its error comes first (nothing was deleted, nothing announced);
 if the announcements cannot be read (a listener's buffer overran) or a peer lives elsewhere, this
@@ -17,29 +18,33 @@ simply waits for the answer, as a plain delete would.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import socket
 import threading
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from cni.host import netns, rtnl
-from cni.host.nlsocket import NetlinkError
+from cni.host.nlsocket import NetlinkError, NetlinkSocket
 
 RTMGRP_LINK = 1
+SIOCGSKNS = 0x894C  # a socket's network namespace, as a new fd (Linux 4.9)
 AF_UNSPEC = 0  # the link's own announcement (a bridge port's removal is also sent as AF_BRIDGE)
 
 
-def remove(index: int, target: int | str | None = None, peer_index: int = 0) -> None:
-    """Delete link `index` of namespace `target` (None: this thread's); also wait for its veth
-    peer `peer_index` (in this thread's namespace) to go. A kernel error is NetlinkError."""
-    with netns.entered(target) if target is not None else nullcontext():
+def remove(ipr: NetlinkSocket, index: int,
+           peer: tuple[NetlinkSocket, int] | None = None) -> None:
+    """Delete link `index` of ipr's namespace; also wait for its veth peer (index `peer[1]` in
+    the namespace of the socket `peer[0]`) to go. A kernel error is NetlinkError."""
+    with _in_namespace_of(ipr):
         sender = rtnl.Rtnl()
-        listeners = [_listener()]
-    watched = [(listeners[0], index)]
-    if peer_index:
-        listeners.append(_listener())
-        watched.append((listeners[1], peer_index))
+        watched = [(_listener(), index)]
+    if peer is not None:
+        with _in_namespace_of(peer[0]):
+            watched.append((_listener(), peer[1]))
+    listeners = [sock for sock, _ in watched]
     # The helper closes its end of the pipe when the answer is in: no write that could meet a
     # closed reader, and poll sees the hang-up.
     answered, done = os.pipe2(os.O_CLOEXEC)
@@ -74,6 +79,17 @@ def remove(index: int, target: int | str | None = None, peer_index: int = 0) -> 
         os.close(answered)
         for sock in listeners:
             sock.close()
+
+
+@contextmanager
+def _in_namespace_of(ipr: NetlinkSocket) -> Iterator[None]:
+    """This thread inside the network namespace ipr's socket lives in."""
+    fd = fcntl.ioctl(ipr.raw.sock.fileno(), SIOCGSKNS)
+    try:
+        with netns.entered(fd):
+            yield
+    finally:
+        os.close(fd)
 
 
 def _listener() -> socket.socket:

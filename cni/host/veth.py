@@ -82,19 +82,20 @@ def delete_container_end(container_ns: int | str, ifname: str) -> bool:
     """Delete the container's veth (the host end goes with it); False if the link was not
     there. A missing namespace raises errors.NamespaceMissing. Returns once both ends are gone,
     without the kernel's clean-up wait after (linkgone.py)."""
-    with netns.iproute(container_ns) as cipr:
-        link = links.get(cipr, ifname)
-    if link is None:
-        return False
     from cni.host import linkgone
     from cni.host.nlsocket import NetlinkError
 
-    try:
-        linkgone.remove(link.index, container_ns, link.peer_index if link.kind == "veth" else 0)
-    except NetlinkError as e:  # e.g. CNI_IFNAME=lo: the kernel refuses, nothing changed
-        raise HostError(f"failed to delete {ifname!r} in the container: "
-                        f"{e.args[-1]}") from None
-    return True
+    with netns.iproute(container_ns) as cipr, netns.iproute() as ipr:
+        link = links.get(cipr, ifname)
+        if link is None:
+            return False
+        peer = (ipr, link.peer_index) if link.kind == "veth" and link.peer_index else None
+        try:
+            linkgone.remove(cipr, link.index, peer)
+        except NetlinkError as e:  # e.g. CNI_IFNAME=lo: the kernel refuses, nothing changed
+            raise HostError(f"failed to delete {ifname!r} in the container: "
+                            f"{e.args[-1]}") from None
+        return True
 
 
 def delete_host_end(name: str) -> None:
