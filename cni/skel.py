@@ -12,8 +12,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from cni import __version__, deleted, registry
 from cni.host.errors import HostError, NamespaceError
@@ -37,8 +36,11 @@ COMMON_KEYS = ("cniVersion", "name", "type", "capabilities", "ipam", "dns", "arg
                "runtimeConfig", "prevResult", *VALID_ATTACHMENT_KEYS)
 
 
-@dataclass
-class Reply:
+def _no_log(msg: str) -> None:
+    pass
+
+
+class Reply(NamedTuple):
     stdout: bytes
     stderr: bytes
     code: int
@@ -48,8 +50,7 @@ class Reply:
                 "stderr": self.stderr.decode("utf-8", "replace"), "code": self.code}
 
 
-@dataclass
-class Request:
+class Request(NamedTuple):
     """One plugin invocation, validated: what a plugin's verb functions receive."""
 
     plugin: str
@@ -65,7 +66,7 @@ class Request:
     env: Mapping[str, str]
     netns_fd: int | None = None
     prev_result: dict | None = None
-    log: Callable[[str], None] = field(default=lambda msg: None)
+    log: Callable[[str], None] = _no_log
 
     @property
     def network(self) -> str:
@@ -113,17 +114,18 @@ def run(plugin: str, env: Mapping[str, str], stdin: bytes, netns: int | None = N
         versions.require_supported(version, versions.SUPPORTED)
         _gate(command, version)
         _check_name(config)
+        prev = config.get("prevResult")
+        if prev is not None:
+            from cni.spec.result import to_current
+            prev = to_current(prev, version)
         req = Request(
             plugin=plugin, command=command, container_id=env.get("CNI_CONTAINERID", ""),
             netns=env.get("CNI_NETNS", ""), ifname=env.get("CNI_IFNAME", ""),
             args=names.parse_args(env.get("CNI_ARGS", "")),
             path=[p for p in env.get("CNI_PATH", "").split(":") if p], config=config,
-            version=version, stdin=stdin, env=env, netns_fd=netns,
+            version=version, stdin=stdin, env=env, netns_fd=netns, prev_result=prev,
             log=lambda msg: err.write(f"{plugin}: {msg}\n"),
         )
-        if "prevResult" in config and config["prevResult"] is not None:
-            from cni.spec.result import to_current
-            req.prev_result = to_current(config["prevResult"], version)
         _check_not_own_netns(req)
         out = dispatch(req)
         return Reply(out.encode(), err.getvalue().encode(), 0)

@@ -106,13 +106,14 @@ HEAVY_MODULES = ("pyroute2", "pydantic", "click", "nftables")
 
 
 def probe_binary(plugin: str, env: dict[str, str], stdin: bytes = b"",
-                 watch: tuple[str, ...] = HEAVY_MODULES) -> tuple[str, int, list[str]]:
-    """Run bin/<plugin>'s code in a fresh `python -IS` as the exec'd binary would run, and report
-    (its stdout, its exit code, which of the `watch` modules it imported)."""
+                 watch: tuple[str, ...] = HEAVY_MODULES,
+                 netns: str | None = None) -> tuple[str, int, list[str]]:
+    """Run bin/<plugin>'s code in a fresh `python -IS` as the exec'd binary would run (inside
+    the namespace `netns`, if given), and report (its stdout, its exit code, which of the
+    `watch` modules it imported)."""
     probe = (
-        "import io, json, os, runpy, sys\n"
+        "import json, os, runpy, sys\n"
         f"os.environ.clear(); os.environ.update({env!r})\n"
-        f"sys.stdin = io.TextIOWrapper(io.BytesIO({stdin!r}))\n"
         "os._exit = sys.exit  # the shim leaves by os._exit: come back here to look\n"
         "code = 0\n"
         "try:\n"
@@ -122,8 +123,9 @@ def probe_binary(plugin: str, env: dict[str, str], stdin: bytes = b"",
         f"loaded = [m for m in {watch!r} if m in sys.modules]\n"
         "print('\\nPROBE', json.dumps([code, loaded]))\n"
     )
-    out = subprocess.run([str(VENV_PY), "-IS", "-c", probe], capture_output=True, text=True,
-                         cwd="/tmp", check=True).stdout
+    inside = ["ip", "netns", "exec", netns] if netns else []
+    out = subprocess.run([*inside, str(VENV_PY), "-IS", "-c", probe], input=stdin.decode(),
+                         capture_output=True, text=True, cwd="/tmp", check=True).stdout
     body, _, tail = out.rpartition("\nPROBE ")
     code, loaded = json.loads(tail)
     return body, code, loaded

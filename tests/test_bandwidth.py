@@ -6,6 +6,8 @@ so these tests depend on no other plugin. Traffic under shaping is in test_bandw
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from bandwidth_util import (
     conf,
@@ -17,7 +19,7 @@ from bandwidth_util import (
     tbf_of,
     wire,
 )
-from cnitest import REFERENCE_BIN
+from cnitest import REFERENCE_BIN, probe_binary
 
 from cni.host import tc
 from cni.plugins.bandwidth import derived_burst, ifb_name
@@ -315,3 +317,24 @@ def test_gc_removes_only_our_stale_ifbs(plugins, host, netns_factory) -> None:
     assert {"bwpforeign", "ifbx", ifb_name("othernet", "stale")} <= set(ifbs(host))
     plugins.ok("bandwidth", "GC", conf())  # no list at all: remove nothing
     assert ifb_name("othernet", "stale") in ifbs(host)
+
+
+def test_without_the_daemon_no_verb_loads_dataclasses_or_pydantic(host, pod) -> None:
+    """Each exec imports what its verb needs: loopback's and bandwidth's verbs never load
+    dataclasses (its inspect import is ~10 ms an exec), pydantic, pyroute2's IPRoute or
+    libnftables. Run as the binary runs, in the host namespace, with no daemon to ask."""
+    w = wire(host, pod, 1)
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    watch = ("dataclasses", "inspect", "pydantic", "pyroute2.iproute", "nftables")
+    env = {"CNI_CONTAINERID": "ctr1", "CNI_NETNS": pod.path, "CNI_IFNAME": "eth0",
+           "CNI_PATH": "/nonexistent", "PYCNI_SOCKET": "/nonexistent/pycni.sock"}
+    lo = b'{"cniVersion":"1.1.0","name":"bwnet","type":"loopback"}'
+    out = json.dumps(cfg | {"prevResult": w.prev_result()}).encode()
+    for plugin, command, stdin in (("loopback", "ADD", lo), ("bandwidth", "ADD", out),
+                                   ("bandwidth", "CHECK", out), ("bandwidth", "DEL", out),
+                                   ("loopback", "DEL", lo)):
+        body, code, loaded = probe_binary(plugin, env | {"CNI_COMMAND": command}, stdin,
+                                          watch, netns=host.name)
+        assert code == 0, (plugin, command, body)
+        assert loaded == [], (plugin, command)
+    assert_untouched(host, w)

@@ -8,8 +8,7 @@ enforces the reference's name rule), so it splits back unambiguously. ifbs witho
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from cni.host import links, rtnl
 from cni.host.errors import HostError
@@ -20,8 +19,7 @@ if TYPE_CHECKING:
 MARK = "pycni-bandwidth"
 
 
-@dataclass(frozen=True)
-class Ifb:
+class Ifb(NamedTuple):
     name: str
     index: int
     mac: str

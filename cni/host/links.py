@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cni.host import netns, rtnl
 
@@ -28,8 +28,7 @@ IFF_PROMISC = 0x100
 IFNAMSIZ = 16
 
 
-@dataclass
-class Link:
+class Link(NamedTuple):
     """What the plugins need to know about a link, read from one RTM_NEWLINK message."""
 
     name: str

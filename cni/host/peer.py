@@ -8,7 +8,7 @@ place that does this: bridge's CHECK and bandwidth use it alike.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cni.host import links, netns
 from cni.host.errors import HostError
@@ -18,8 +18,7 @@ class PeerError(HostError):
     """Why the container's veth or its host end could not be found."""
 
 
-@dataclass(frozen=True)
-class HostVeth:
+class HostVeth(NamedTuple):
     name: str
     index: int
     mtu: int

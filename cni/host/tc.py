@@ -15,8 +15,7 @@ from __future__ import annotations
 import errno
 import struct
 import sys
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from cni.host import lean_pyroute2, rtnl
 from cni.host.rtnl import Rtnl
@@ -37,8 +36,7 @@ ETH_P_ALL = 0x0003
 REDIRECT_CLASSID = 0x10001  # 1:1, as the reference's u32 filter
 
 
-@dataclass(frozen=True)
-class Tbf:
+class Tbf(NamedTuple):
     """What CHECK compares: rate in bytes/s, limit in bytes, buffer in psched ticks."""
 
     rate: int

@@ -74,7 +74,7 @@ def _finish(ipr, name: str, container_ns: int | str, ifname: str) -> Pair:
         container = links.get(cipr, ifname)
     if container is None:
         raise HostError(f"failed to lookup {ifname!r} in the container")
-    host.up = True  # set just now; nothing else of it changes by going up
+    host = host._replace(up=True)  # set just now; nothing else of it changes by going up
     return Pair(host=host, container=container)
 
 

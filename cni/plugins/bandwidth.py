@@ -26,8 +26,7 @@ exactly our ifbs of containers the runtime no longer knows. CHECK without limits
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from cni.host import netns
 from cni.host.errors import HostError
@@ -58,8 +57,7 @@ DERIVED_BURST_MTUS = 4
 IFB_PREFIX = "bwp"
 
 
-@dataclass(frozen=True)
-class Direction:
+class Direction(NamedTuple):
     """One direction's limit; burst None means 'derive from the rate' (see the docstring)."""
 
     rate: int
@@ -73,8 +71,7 @@ class Direction:
         return derived_burst(self.rate, mtu)
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(NamedTuple):
     ingress: Direction | None
     egress: Direction | None
 
