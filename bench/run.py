@@ -479,9 +479,12 @@ def main() -> int:
                         help="concurrent rounds without the daemon (slow: every exec imports)")
     parser.add_argument("--cri-pods", type=int, default=10,
                         help="pods through containerd's CRI per side, one at a time (0: none)")
-    parser.add_argument("--cri-pods-no-daemon", type=int, default=3,
-                        help="CRI pods without the daemon (each takes seconds)")
+    parser.add_argument("--cri-pods-no-daemon", type=int, default=None,
+                        help="CRI pods without the daemon (each takes seconds; default 3, "
+                             "or none with --cri-pods 0)")
     args = parser.parse_args()
+    if args.cri_pods_no_daemon is None:
+        args.cri_pods_no_daemon = min(3, args.cri_pods)
     enter_private_mounts()
     ensure_iptables()
     subprocess.run([str(VENV_PY), "-m", "compileall", "-q", str(ROOT / "cni")], check=False)
