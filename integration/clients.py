@@ -267,7 +267,9 @@ class Containerd:
 
 
 PAUSE_IMAGE = "localhost/pycni-pause:test"  # CRI's sandbox_image: busybox sleeping forever
-PAUSE_CMD = ("/bin/sleep", "2147483647")
+# The sandbox image exits on SIGTERM as the real pause does (as PID 1, `sleep` alone ignores it:
+# a node's shutdown waits out systemd's 90 s stop timeout of the pod's scope).
+PAUSE_CMD = ("/bin/sh", "-c", 'trap "exit 0" TERM INT; sleep 2147483647 & wait')
 
 
 def cri_conflist(reference: bool = False, name: str = "10-pycni.conflist") -> dict[str, Any]:

@@ -84,13 +84,12 @@ cri() {
 json_key() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }
 
 # Images built offline from Debian's busybox-static (integration/clients.py, buildah from
-# scratch): a node without a registry pulls nothing. The sandbox image exits on SIGTERM as the
-# real pause does (as PID 1, `sleep` ignores it: a node's shutdown would wait out systemd's 90 s
-# stop timeout of the pod's scope).
+# scratch): a node without a registry pulls nothing. The sandbox image runs clients.PAUSE_CMD
+# (it exits on SIGTERM, as the real pause does).
 OFFLINE_PAUSE=localhost/pycni-pause:test
 OFFLINE_BUSYBOX=localhost/pycni-busybox:test
-PAUSE_CMD=(/bin/sh -c 'trap "exit 0" TERM INT; sleep 2147483647 & wait')
-# offline_image REF CMD...: built and imported into containerd's CRI namespace (k8s.io).
+# offline_image REF [CMD...]: built and imported into containerd's CRI namespace (k8s.io);
+# without CMD, the sandbox image's.
 offline_image() {
   local ref=$1 work archive
   shift
@@ -98,7 +97,8 @@ offline_image() {
   archive=$(cd "$ROOT/integration" && "$ROOT/.venv/bin/python" -c 'import sys
 from pathlib import Path
 import clients
-print(clients.build_image(Path(sys.argv[1]), sys.argv[2], cmd=tuple(sys.argv[3:])))' \
+cmd = tuple(sys.argv[3:]) or clients.PAUSE_CMD
+print(clients.build_image(Path(sys.argv[1]), sys.argv[2], cmd=cmd))' \
     "$work" "$ref" "$@")
   ctr -n k8s.io images import "$archive" >/dev/null
   rm -rf "$work"
@@ -110,5 +110,5 @@ containerd_offline() {
   PYCNI_SANDBOX_IMAGE=$OFFLINE_PAUSE containerd_config
   systemctl restart containerd
   wait_until 60 "containerd's CRI" cri version
-  offline_image "$OFFLINE_PAUSE" "${PAUSE_CMD[@]}"
+  offline_image "$OFFLINE_PAUSE"
 }
