@@ -133,3 +133,19 @@ def test_without_a_thread_the_caller_deletes_and_reports(host, monkeypatch) -> N
         with pytest.raises(NetlinkError) as e:
             linkgone.remove(ipr, 99999)
         assert e.value.code == errno.ENODEV
+
+
+def test_without_siocgskns_a_plain_delete(host, monkeypatch) -> None:
+    """A kernel older than 4.9 has no SIOCGSKNS: the link is deleted all the same, waiting
+    for the kernel's answer, in the socket's namespace."""
+    def enotty(*_args):
+        raise OSError(errno.ENOTTY, "Inappropriate ioctl for device")
+
+    monkeypatch.setattr(linkgone, "_namespace_fd", enotty)
+    host.run("ip", "link", "add", "bwptest", "type", "ifb")
+    with netns.iproute(host.path) as ipr:
+        assert ifb.delete(ipr, "bwptest") is True
+        assert ifb.delete(ipr, "bwptest") is False
+        with pytest.raises(NetlinkError):
+            linkgone.remove(ipr, 99999)
+    assert "bwptest" not in host.links()

@@ -38,12 +38,11 @@ def remove(ipr: NetlinkSocket, index: int,
            peer: tuple[NetlinkSocket, int] | None = None) -> None:
     """Delete link `index` of ipr's namespace; also wait for its veth peer (index `peer[1]` in
     the namespace of the socket `peer[0]`) to go. A kernel error is NetlinkError."""
-    with _in_namespace_of(ipr):
-        sender = rtnl.Rtnl()
-        watched = [(_listener(), index)]
-    if peer is not None:
-        with _in_namespace_of(peer[0]):
-            watched.append((_listener(), peer[1]))
+    try:
+        sender, watched = _sockets(ipr, index, peer)
+    except OSError:  # no SIOCGSKNS (Linux < 4.9), no socket to be had: a plain delete
+        ipr.request_raw(*rtnl.link_del(index))
+        return
     listeners = [sock for sock, _ in watched]
     # The helper closes its end of the pipe when the answer is in: no write that could meet a
     # closed reader, and poll sees the hang-up.
@@ -81,15 +80,39 @@ def remove(ipr: NetlinkSocket, index: int,
             sock.close()
 
 
+def _sockets(ipr: NetlinkSocket, index: int, peer: tuple[NetlinkSocket, int] | None,
+             ) -> tuple[rtnl.Rtnl, list[tuple[socket.socket, int]]]:
+    """The helper's socket and a listener per watched link, each in its link's namespace."""
+    opened: list[socket.socket] = []
+    try:
+        with _in_namespace_of(ipr):
+            sender = rtnl.Rtnl()
+            opened.append(sender.sock)
+            watched = [(_listener(), index)]
+            opened.append(watched[0][0])
+        if peer is not None:
+            with _in_namespace_of(peer[0]):
+                watched.append((_listener(), peer[1]))
+        return sender, watched
+    except BaseException:
+        for sock in opened:
+            sock.close()
+        raise
+
+
 @contextmanager
 def _in_namespace_of(ipr: NetlinkSocket) -> Iterator[None]:
     """This thread inside the network namespace ipr's socket lives in."""
-    fd = fcntl.ioctl(ipr.raw.sock.fileno(), SIOCGSKNS)
+    fd = _namespace_fd(ipr)
     try:
         with netns.entered(fd):
             yield
     finally:
         os.close(fd)
+
+
+def _namespace_fd(ipr: NetlinkSocket) -> int:
+    return fcntl.ioctl(ipr.raw.sock.fileno(), SIOCGSKNS)
 
 
 def _listener() -> socket.socket:
