@@ -9,8 +9,8 @@ import os
 
 log = logging.getLogger("pycni.daemon")
 
-# pyroute2 is not among them: the common verbs build their netlink requests with host/rtnl.py;
-# the rarer paths still on pyroute2 (bridge VLANs) import it in their child (nlsocket.py).
+# pyroute2 is not among them: every verb builds its netlink requests with host/rtnl.py (only
+# pyroute2's NetlinkError is used, below); its IPRoute (nlsocket.py) is the tests' oracle.
 HEAVY_MODULES = ("pydantic", "nftables", "cni.skel")
 # Imported inside functions on the request path: imported here, or every child pays for it
 # (bandwidth's tc/ifb/peer alone cost ~3 ms a request: module bodies, dataclass builds);

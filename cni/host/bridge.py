@@ -103,33 +103,25 @@ def set_vlans(port: str, vlan: int, trunk: list[int], preserve_default: bool) ->
         if not preserve_default:
             for entry in port_vlans(ipr, link.index):
                 try:
-                    ipr.vlan_filter("del", index=link.index, vlan_info={"vid": entry["vid"]})
+                    ipr.request_raw(*rtnl.bridge_vlan_del(link.index, entry["vid"]))
                 except Exception as e:
                     raise _err(f'failed to remove default vlan on interface "{port}": '
                                f"{e}") from None
         try:
             if vlan:
-                ipr.vlan_filter("add", index=link.index,
-                                vlan_info={"vid": vlan, "flags": VLAN_PVID | VLAN_UNTAGGED})
+                ipr.request_raw(*rtnl.bridge_vlan_add(link.index, vlan,
+                                                      VLAN_PVID | VLAN_UNTAGGED))
             for vid in trunk:
-                ipr.vlan_filter("add", index=link.index, vlan_info={"vid": vid, "flags": 0})
+                ipr.request_raw(*rtnl.bridge_vlan_add(link.index, vid, 0))
         except Exception as e:
             raise _err(f'failed to setup vlan tag on interface "{port}": {e}') from None
 
 
 def port_vlans(ipr, index: int) -> list[dict]:
     """[{vid, pvid, untagged}] of one bridge port."""
-    out = []
-    for msg in ipr.get_vlans(index=index):
-        if msg["index"] != index:
-            continue
-        spec = msg.get("IFLA_AF_SPEC")
-        if spec is None:
-            continue
-        for info in spec.get_attrs("IFLA_BRIDGE_VLAN_INFO"):
-            out.append({"vid": info["vid"], "pvid": bool(info["flags"] & VLAN_PVID),
-                        "untagged": bool(info["flags"] & VLAN_UNTAGGED)})
-    return out
+    replies = ipr.request_raw(*rtnl.bridge_vlans_dump())
+    return [{"vid": vid, "pvid": bool(flags & VLAN_PVID), "untagged": bool(flags & VLAN_UNTAGGED)}
+            for flags, vid in rtnl.bridge_vlans_of(replies, index)]
 
 
 def pin_mac(br: links.Link) -> None:

@@ -1,8 +1,8 @@
 """The rtnetlink socket netns.iproute() hands out: rtnl.py's client, and pyroute2's IPRoute
 on the same socket only once a pyroute2 method is called on it.
 
-The plugins' common verbs (bridge, bandwidth, portmap ADD / CHECK / DEL) send every request
-with rtnl.py, so they never import pyroute2.iproute (~50 ms without the daemon) nor build its
+The plugins' verbs send every request with rtnl.py (bridge VLANs included), so they never
+import pyroute2.iproute (~50 ms without the daemon) nor build its
 request machinery (~5-8 ms of a bridge ADD in the daemon's child). Kernel errors are pyroute2's
 NetlinkError either way (its module alone: lean_pyroute2 keeps pyroute2.netlink's __init__
 out), with the errno in `.code`, so callers catch one type whichever side sent the request.

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the requests take parsed addresses; loopback's path never i
 RTM_NEWLINK = 16
 RTM_DELLINK = 17
 RTM_GETLINK = 18
+RTM_SETLINK = 19
 RTM_NEWADDR = 20
 RTM_DELADDR = 21
 RTM_GETADDR = 22
@@ -87,6 +88,11 @@ TCA_ACT_KIND = 1
 TCA_ACT_OPTIONS = 2
 TCA_MIRRED_PARMS = 2
 _MIRRED_IFINDEX = 24  # struct tc_mirred: tc_gen (5 x 32 bits), eaction, then ifindex
+AF_BRIDGE = 7
+IFLA_AF_SPEC = 26
+IFLA_EXT_MASK = 29
+IFLA_BRIDGE_VLAN_INFO = 2
+RTEXT_FILTER_BRVLAN = 2
 NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
 # IF_OPER_* by value, as pyroute2 names them
 OPERSTATES = ("UNKNOWN", "NOTPRESENT", "DOWN", "LOWERLAYERDOWN", "TESTING", "DORMANT", "UP")
@@ -101,6 +107,7 @@ TCMSG = struct.Struct("=BxHiIII")  # tcmsg: family, pads, ifindex, handle, paren
 _RTA = struct.Struct("=HH")  # rtattr: length, type
 _ERRNO = struct.Struct("=i")
 _U32 = struct.Struct("=I")
+_VLAN_INFO = struct.Struct("=HH")  # struct bridge_vlan_info: flags, vid
 
 
 def _align(n: int) -> int:
@@ -274,6 +281,41 @@ def brport_set(index: int, option: int, value: int) -> Request:
     info = attr(IFLA_INFO_KIND, b"bridge_slave\0") + \
         attr(IFLA_INFO_SLAVE_DATA, attr(option, bytes([value])))
     return RTM_NEWLINK, 0, _ifinfo(index) + attr(IFLA_LINKINFO, info)
+
+
+def bridge_vlan_add(index: int, vid: int, flags: int) -> Request:
+    """One VLAN on bridge port `index` (flags: BRIDGE_VLAN_INFO_PVID, _UNTAGGED), as pyroute2's
+    vlan_filter("add") sent it: RTM_SETLINK of family AF_BRIDGE."""
+    return RTM_SETLINK, 0, _bridge_vlan(index, vid, flags)
+
+
+def bridge_vlan_del(index: int, vid: int) -> Request:
+    return RTM_DELLINK, 0, _bridge_vlan(index, vid, 0)
+
+
+def _bridge_vlan(index: int, vid: int, flags: int) -> bytes:
+    if not (0 <= vid <= 0xFFFF and 0 <= flags <= 0xFFFF):
+        raise ValueError(f"vlan {vid} (flags {flags}) does not fit bridge_vlan_info")
+    spec = attr(IFLA_BRIDGE_VLAN_INFO, _VLAN_INFO.pack(flags, vid))
+    return IFINFO.pack(AF_BRIDGE, 0, index, 0, 0) + attr(IFLA_AF_SPEC, spec)
+
+
+def bridge_vlans_dump() -> Request:
+    """Every bridge port with its VLANs (pyroute2's get_vlans)."""
+    body = IFINFO.pack(AF_BRIDGE, 0, 0, 0, 0) + _u32(IFLA_EXT_MASK, RTEXT_FILTER_BRVLAN)
+    return RTM_GETLINK, NLM_F_DUMP, body
+
+
+def bridge_vlans_of(replies: list[tuple[int, bytes]], index: int) -> list[tuple[int, int]]:
+    """(flags, vid) of each VLAN of port `index` in a bridge_vlans_dump's replies."""
+    out = []
+    for mtype, payload in replies:
+        if mtype != RTM_NEWLINK or IFINFO.unpack_from(payload)[2] != index:
+            continue
+        spec = dict(attr_list(payload, IFINFO.size)).get(IFLA_AF_SPEC, b"")
+        out += [_VLAN_INFO.unpack_from(value) for kind, value in attr_list(spec)
+                if kind == IFLA_BRIDGE_VLAN_INFO and len(value) >= _VLAN_INFO.size]
+    return out
 
 
 def _ifaddr(index: int, iface: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> bytes:
