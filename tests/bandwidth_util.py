@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from cnitest import Netns
 
-from cni.host import netns, tc
+from cni.host import links, netns, tc
 
 
 @dataclass
@@ -57,9 +57,9 @@ def runtime_bw(ingress: tuple[int, int] | None = None,
 def tbf_of(host: Netns, dev: str) -> tc.Tbf | None:
     """The root tbf of `dev` in `host`, read over netlink."""
     with netns.iproute(host.path) as ipr:
-        found = ipr.link_lookup(ifname=dev)
-        assert found, f"{dev} not in {host.name}"
-        return tc.read_tbf(ipr, found[0])
+        link = links.get(ipr, dev)
+        assert link is not None, f"{dev} not in {host.name}"
+        return tc.read_tbf(ipr, link.index)
 
 
 def qdiscs(host: Netns, dev: str) -> list[dict]:

@@ -6,10 +6,32 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from nlsync_iproute import SyncIPRoute
+
 from cni.host import netns
 from cni.host.nlsocket import NetlinkSocket
 
 HEADER = 16  # nlmsghdr: its sequence number and port id differ between the two senders
+
+
+class OracleSocket(NetlinkSocket):
+    """netns.iproute()'s socket with pyroute2's IPRoute API (link, addr, vlan_filter, tc ...) on
+    the same socket too, built on first use: the oracle beside rtnl.py's requests."""
+
+    _pyroute2: SyncIPRoute | None = None
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._pyroute2 is None:
+            self._pyroute2 = SyncIPRoute(self.raw)
+        return getattr(self._pyroute2, name)
+
+    def close(self) -> None:
+        if self._pyroute2 is not None:
+            self._pyroute2.close()  # closes the socket too
+        else:
+            super().close()
 
 
 class Spy:
@@ -31,11 +53,11 @@ class Spy:
 
 
 @contextmanager
-def spied(host_path: str) -> Iterator[tuple[NetlinkSocket, list[bytes]]]:
+def spied(host_path: str) -> Iterator[tuple[OracleSocket, list[bytes]]]:
     """A socket in the namespace at `host_path` (both sides of it: rtnl.py and pyroute2), and
     the list its requests are appended to as they are sent."""
     with netns.entered(host_path):
-        ipr = NetlinkSocket()
+        ipr = OracleSocket()
     spy = Spy(ipr.raw.sock)
     ipr.raw.sock = spy
     try:

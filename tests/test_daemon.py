@@ -654,18 +654,16 @@ def test_a_nested_ipam_call_skips_its_callers_lock_but_a_racing_del_waits(
     assert (tmp_path / "ipam.log").read_text().split("\n")[:2] == ["ADD wrap1", "DEL wrap1"]
 
 
-def test_preload_leaves_pyroute2s_iproute_to_the_paths_that_call_it() -> None:
-    """The common verbs build netlink with host/rtnl.py: the daemon (whose every child copies
-    its page tables) does not carry pyroute2's IPRoute (~10 MB) for the rare paths using it."""
+def test_preload_carries_no_pyroute2_iproute() -> None:
+    """Every verb builds its netlink with host/rtnl.py: the daemon (whose every child copies
+    its page tables) does not carry pyroute2's IPRoute (~10 MB), nor does any module of cni."""
     code = ("import sys; from cni.fast import preload\n"
             "assert preload.preimport() == [], preload.preimport()\n"
             "preload.warm_up()\n"
-            "print(sorted(m for m in sys.modules if m.startswith('pyroute2.iproute')))\n"
-            "from cni.host import nlsync_iproute\n"  # still there on demand
-            "print(nlsync_iproute.SyncIPRoute.__name__)\n")
+            "print(sorted(m for m in sys.modules if m.startswith('pyroute2.iproute')))\n")
     out = subprocess.run([str(VENV_PY), "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout.split()
-    assert out == ["[]", "SyncIPRoute"]
+    assert out == ["[]"]
 
 
 def test_an_answered_request_frees_its_attachment_before_its_child_exits() -> None:

@@ -16,7 +16,6 @@ HEAVY_MODULES = ("pydantic", "nftables", "cni.skel")
 # (bandwidth's tc/ifb/peer alone cost ~3 ms a request: module bodies, dataclass builds);
 # subprocess for an IPAM plugin that is not ours (~2.5 ms).
 LAZY_MODULES = ("pyroute2.netlink.exceptions", "traceback", "subprocess")
-ON_DEMAND = ("cni.host.nlsync_iproute",)  # in PACKAGES, but not preloaded: see above
 PACKAGES = ("cni.spec", "cni.host", "cni.ipam", "cni.plugins")  # every module in them, too
 
 
@@ -26,7 +25,7 @@ def preimport(extra: tuple[str, ...] = ()) -> list[str]:
 
     missing = []
     names = HEAVY_MODULES + tuple(PLUGINS.values()) + LAZY_MODULES + _modules_of(PACKAGES)
-    for name in (n for n in names + extra if n not in ON_DEMAND):
+    for name in names + extra:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as e:

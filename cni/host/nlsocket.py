@@ -1,17 +1,16 @@
-"""The rtnetlink socket netns.iproute() hands out: rtnl.py's client, and pyroute2's IPRoute
-on the same socket only once a pyroute2 method is called on it.
+"""The rtnetlink socket netns.iproute() hands out: rtnl.py's client on a socket of its own.
 
 The plugins' verbs send every request with rtnl.py (bridge VLANs included), so they never
-import pyroute2.iproute (~50 ms without the daemon) nor build its
-request machinery (~5-8 ms of a bridge ADD in the daemon's child). Kernel errors are pyroute2's
-NetlinkError either way (its module alone: lean_pyroute2 keeps pyroute2.netlink's __init__
-out), with the errno in `.code`, so callers catch one type whichever side sent the request.
+import pyroute2.iproute (~50 ms without the daemon) nor build its request machinery (~5-8 ms of
+a bridge ADD in the daemon's child). Kernel errors are pyroute2's NetlinkError (its module
+alone: lean_pyroute2 keeps pyroute2.netlink's __init__ out), with the errno in `.code`: one
+type for callers, and the type the tests' pyroute2 oracle (tests/nlsync_iproute.py) raises.
 """
 
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cni.host import lean_pyroute2
 from cni.host.rtnl import Rtnl
@@ -20,11 +19,8 @@ lean_pyroute2.install()  # before any pyroute2 import: its submodules only
 
 from pyroute2.netlink.exceptions import NetlinkError  # noqa: E402
 
-if TYPE_CHECKING:
-    from cni.host.nlsync_iproute import SyncIPRoute
-
 _BUFSIZE = 1 << 20  # pyroute2's own socket buffer sizes
-RAW_SEQ = 1 << 20  # rtnl.py's sequence numbers start above pyroute2's (AddrPool: 0xff-0xffff)
+RAW_SEQ = 1 << 20  # above pyroute2's (AddrPool: 0xff-0xffff), which tests drive on the socket
 
 
 class NetlinkSocket:
@@ -36,7 +32,6 @@ class NetlinkSocket:
         for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             sock.setsockopt(socket.SOL_SOCKET, option, _BUFSIZE)
         self.raw = Rtnl(sock, seq=RAW_SEQ)
-        self._pyroute2: SyncIPRoute | None = None
 
     def __enter__(self) -> NetlinkSocket:
         return self
@@ -44,24 +39,8 @@ class NetlinkSocket:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def __getattr__(self, name: str) -> Any:
-        """pyroute2's IPRoute API (link, addr, vlan_filter, get_links ...), built on first use."""
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self.pyroute2(), name)
-
-    def pyroute2(self) -> SyncIPRoute:
-        if self._pyroute2 is None:
-            from cni.host.nlsync_iproute import SyncIPRoute
-
-            self._pyroute2 = SyncIPRoute(self.raw)
-        return self._pyroute2
-
     def close(self) -> None:
-        if self._pyroute2 is not None:
-            self._pyroute2.close()
-        else:
-            self.raw.sock.close()
+        self.raw.sock.close()
 
     def request_raw(self, kind: int, flags: int, body: bytes) -> list[tuple[int, bytes]]:
         """One request built with rtnl.py; a kernel error is NetlinkError."""

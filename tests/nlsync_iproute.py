@@ -1,9 +1,6 @@
-"""pyroute2's IPRoute without an event loop (see nlsync.py), on a socket that nlsocket.py
-opened: what a netns.iproute() socket builds on the first pyroute2 method called on it.
-
-Apart from nlsocket.py because importing pyroute2.iproute.linux costs ~50 ms without the
-daemon, and the plugins' common verbs send every request with rtnl.py: only the rarer paths
-(VLANs, bandwidth's GC, the daemon's warm-up) get here.
+"""pyroute2's IPRoute without an event loop (see nlsync.py), on the socket of a netns.iproute()
+NetlinkSocket: the oracle that tests/test_rtnl_encoding.py and test_tc_encoding.py compare
+rtnl.py's requests with (netlink_spy.py builds it). No plugin path uses pyroute2's IPRoute.
 """
 
 from __future__ import annotations
@@ -14,9 +11,9 @@ from cni.host import lean_pyroute2
 
 lean_pyroute2.install()  # before any pyroute2 import: its submodules only
 
+from nlsync import _Driven, _LoopFree  # noqa: E402
 from pyroute2.iproute.linux import AsyncIPRoute, IPRoute  # noqa: E402
 
-from cni.host.nlsync import _Driven, _LoopFree  # noqa: E402
 from cni.host.rtnl import Rtnl  # noqa: E402
 
 

@@ -10,7 +10,7 @@ in one step and no loop is needed. Everything else (request building, NLA encodi
 parsing, NetlinkError) is pyroute2's own code.
 
 The mixins here import no pyroute2 (its classes come with the module that uses them:
-nlsync_iproute.py, IPRoute behind netns.iproute()'s sockets, for the paths still on pyroute2).
+nlsync_iproute.py, the tests' IPRoute on a netns.iproute() socket).
 They subscribe to no multicast group: the only messages a socket receives are replies to its
 own requests.
 """
