@@ -149,3 +149,28 @@ def test_without_siocgskns_a_plain_delete(host, monkeypatch) -> None:
         with pytest.raises(NetlinkError):
             linkgone.remove(ipr, 99999)
     assert "bwptest" not in host.links()
+
+
+def test_lost_announcements_fall_back_to_the_answer(host, monkeypatch) -> None:
+    """A listener whose buffer overran (ENOBUFS) may have lost ours: remove() then waits for the
+    kernel's answer, and the link is gone all the same."""
+    real = linkgone._listener
+
+    class Overrun:
+        def __init__(self) -> None:
+            self.sock = real()
+
+        def fileno(self) -> int:
+            return self.sock.fileno()
+
+        def recv(self, _size: int) -> bytes:
+            raise OSError(errno.ENOBUFS, "No buffer space available")
+
+        def close(self) -> None:
+            self.sock.close()
+
+    monkeypatch.setattr(linkgone, "_listener", Overrun)
+    host.run("ip", "link", "add", "bwptest", "type", "ifb")
+    with netns.iproute(host.path) as ipr:
+        assert ifb.delete(ipr, "bwptest") is True
+    assert "bwptest" not in host.links()
