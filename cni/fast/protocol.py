@@ -66,14 +66,17 @@ def encode_env(env: dict[bytes, bytes]) -> bytes:
 
 
 def decode_env(block: bytes) -> dict[str, str]:
-    """The env as os.environ would show it (fs encoding, surrogateescape)."""
-    import os
+    """The env as os.environ would show it (fs encoding, surrogateescape: os.fsdecode's, without
+    its per-call overhead, ~0.1 ms a request in the daemon and again in its child)."""
+    import sys
 
+    encoding = sys.getfilesystemencoding()
     env: dict[str, str] = {}
     for item in block.split(b"\0"):
         if item:
             key, _, value = item.partition(b"=")
-            env[os.fsdecode(key)] = os.fsdecode(value)
+            env[key.decode(encoding, "surrogateescape")] = value.decode(encoding,
+                                                                        "surrogateescape")
     return env
 
 
