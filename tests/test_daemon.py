@@ -654,6 +654,19 @@ def test_a_nested_ipam_call_skips_its_callers_lock_but_a_racing_del_waits(
     assert (tmp_path / "ipam.log").read_text().split("\n")[:2] == ["ADD wrap1", "DEL wrap1"]
 
 
+def test_set_environ_makes_the_environment_exactly_the_requests() -> None:
+    """The child's environment becomes the caller's, for what the plugin execs: keys it lacks
+    go, changed ones change, equal ones stay, a name putenv refuses is skipped."""
+    code = ("import os, subprocess; from cni.fast.preload import set_environ\n"
+            "os.environ.update(KEEP='same', GONE='x', CHANGE='old')\n"
+            "want = {'KEEP': 'same', 'CHANGE': 'new', 'NEW': 'a=b', 'PATH': '/usr/bin:/bin'}\n"
+            "set_environ(want | {'': 'refused'})\n"
+            "assert dict(os.environ) == want, dict(os.environ)\n"
+            "seen = subprocess.run(['env'], capture_output=True, text=True, check=True).stdout\n"
+            "assert sorted(seen.split()) == sorted(f'{k}={v}' for k, v in want.items()), seen\n")
+    subprocess.run([str(VENV_PY), "-c", code], cwd=ROOT, check=True, env={"HOME": "/root"})
+
+
 def test_preload_carries_no_pyroute2_iproute() -> None:
     """Every verb builds its netlink with host/rtnl.py: the daemon (whose every child copies
     its page tables) does not carry pyroute2's IPRoute (~10 MB), nor does any module of cni."""

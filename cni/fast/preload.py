@@ -125,10 +125,14 @@ def warm_requests(netns_fd: int | None) -> None:
 
 
 def set_environ(env: dict[str, str]) -> None:
-    """os.environ becomes `env`, as a request's child sets it (what exec'd programs inherit)."""
-    os.environ.clear()
+    """os.environ becomes `env`, as a request's child sets it (what exec'd programs inherit).
+    Only what differs is changed: os.environ.clear() pops key by key, twice the cost."""
+    environ = os.environ
+    for key in [key for key in environ if key not in env]:
+        del environ[key]
     for key, value in env.items():
-        try:
-            os.environ[key] = value
-        except ValueError:
-            continue  # a name putenv refuses
+        if environ.get(key) != value:
+            try:
+                environ[key] = value
+            except (ValueError, OSError):  # a name putenv refuses: "a=b" ValueError, "" EINVAL
+                continue
