@@ -220,8 +220,8 @@ def _kind(kind: str, data: bytes = b"") -> bytes:
     return attr(IFLA_LINKINFO, info + (attr(IFLA_INFO_DATA, data) if data else b""))
 
 
-def _ifinfo(index: int = 0, flags: int = 0, change: int = 0) -> bytes:
-    return IFINFO.pack(0, 0, index, flags, change)
+def _ifinfo(index: int = 0, flags: int = 0, change: int = 0, family: int = 0) -> bytes:
+    return IFINFO.pack(family, 0, index, flags, change)
 
 
 def link_add_bridge(name: str, mtu: int = 0, vlan_filtering: bool = False) -> Request:
@@ -297,12 +297,12 @@ def _bridge_vlan(index: int, vid: int, flags: int) -> bytes:
     if not (0 <= vid <= 0xFFFF and 0 <= flags <= 0xFFFF):
         raise ValueError(f"vlan {vid} (flags {flags}) does not fit bridge_vlan_info")
     spec = attr(IFLA_BRIDGE_VLAN_INFO, _VLAN_INFO.pack(flags, vid))
-    return IFINFO.pack(AF_BRIDGE, 0, index, 0, 0) + attr(IFLA_AF_SPEC, spec)
+    return _ifinfo(index, family=AF_BRIDGE) + attr(IFLA_AF_SPEC, spec)
 
 
 def bridge_vlans_dump() -> Request:
     """Every bridge port with its VLANs (pyroute2's get_vlans)."""
-    body = IFINFO.pack(AF_BRIDGE, 0, 0, 0, 0) + _u32(IFLA_EXT_MASK, RTEXT_FILTER_BRVLAN)
+    body = _ifinfo(family=AF_BRIDGE) + _u32(IFLA_EXT_MASK, RTEXT_FILTER_BRVLAN)
     return RTM_GETLINK, NLM_F_DUMP, body
 
 
