@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from cni.host import links, netns, rtnl, sysctl
@@ -85,16 +86,17 @@ def delete_container_end(container_ns: int | str, ifname: str) -> bool:
     from cni.host import linkgone
     from cni.host.nlsocket import NetlinkError
 
-    with netns.iproute(container_ns) as cipr, netns.iproute() as ipr:
+    with netns.iproute(container_ns) as cipr:
         link = links.get(cipr, ifname)
         if link is None:
             return False
-        peer = (ipr, link.peer_index) if link.kind == "veth" and link.peer_index else None
-        try:
-            linkgone.remove(cipr, link.index, peer)
-        except NetlinkError as e:  # e.g. CNI_IFNAME=lo: the kernel refuses, nothing changed
-            raise HostError(f"failed to delete {ifname!r} in the container: "
-                            f"{e.args[-1]}") from None
+        is_veth = link.kind == "veth" and bool(link.peer_index)
+        with netns.iproute() if is_veth else nullcontext() as ipr:  # the host end's namespace
+            try:
+                linkgone.remove(cipr, link.index, (ipr, link.peer_index) if is_veth else None)
+            except NetlinkError as e:  # e.g. CNI_IFNAME=lo: the kernel refuses, nothing changed
+                raise HostError(f"failed to delete {ifname!r} in the container: "
+                                f"{e.args[-1]}") from None
         return True
 
 
