@@ -43,17 +43,19 @@ def open_ns(target: int | str) -> int:
 @contextmanager
 def entered(target: int | str) -> Iterator[None]:
     """Run the block inside the namespace, then return to the one we came from."""
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     fd = open_ns(target)
     try:
-        setns(fd)
+        home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
         try:
-            yield
+            setns(fd)
+            try:
+                yield
+            finally:
+                setns(home)
         finally:
-            setns(home)
+            os.close(home)
     finally:
         os.close(fd)
-        os.close(home)
 
 
 def _new_iproute(target: int | str | None) -> NetlinkSocket:
