@@ -461,20 +461,26 @@ def test_spares_come_from_the_zygote_and_are_the_daemons_children(host, plugins,
                                                                   tmp_path) -> None:
     """The parent forks no spare itself (after a fork it pays copy-on-write faults on the next
     request's path): the zygote makes them at SCHED_IDLE and the daemon adopts them (subreaper),
-    so it still reaps, kills and answers for them; a request runs at SCHED_OTHER."""
+    so it still reaps, kills and answers for them; a request runs at SCHED_OTHER. A spare that
+    served comes back for the next request: none is made while it runs."""
     daemon = start_daemon(host)
     wait_for(lambda: len(daemon.named("pycni-spare")) == 2, "two spares")
+    spares = set(daemon.named("pycni-spare"))
     zygotes = daemon.named("pycni-zygote")
     assert len(zygotes) == 1 and os.sched_getscheduler(zygotes[0]) == os.SCHED_IDLE
     fifo, release = hang_conf(tmp_path)
     hung = spawn(plugins, "ADD", fifo, daemon.env)
     wait_for(lambda: len(daemon.children()) == 1, "the request's child")
-    assert os.sched_getscheduler(daemon.children()[0]) == os.SCHED_OTHER
-    wait_for(lambda: len(daemon.named("pycni-spare")) == 2, "a new spare while it runs")
+    serving = daemon.children()[0]
+    assert serving in spares and os.sched_getscheduler(serving) == os.SCHED_OTHER
+    time.sleep(0.5)  # time enough for the zygote to make one, were it asked
+    assert set(daemon.named("pycni-spare")) == spares - {serving}
     release()
     code, out = finish(hung)
     assert code == 1 and "not a network namespace" in out["msg"]
     daemon.wait_served(1)
+    wait_for(lambda: set(daemon.named("pycni-spare")) == spares, "the spare back")
+    assert os.sched_getscheduler(serving) == os.SCHED_OTHER
     assert daemon.named("pycni-zygote") == zygotes
 
 

@@ -5,12 +5,30 @@ callers in two namespaces, the cap on requests per spare."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+from cnitest import Netns, Plugins
+from test_daemon import (  # noqa: F401 (start_daemon is a fixture)
+    LOOPBACK,
+    run_chain,
+    scenario,
+    start_daemon,
+    wait_for,
+)
 
+from cni.fast import child
 from cni.host import netns
 from cni.host.errors import NamespaceMissing
+from cni.host.nsfd import setns
+
+NOT_BACK = "a spare exits instead of serving again"
 
 
 def test_entering_a_missing_namespace_leaves_no_fd_open() -> None:
@@ -20,3 +38,139 @@ def test_entering_a_missing_namespace_leaves_no_fd_open() -> None:
     with pytest.raises(NamespaceMissing), netns.entered("/nonexistent/pycni-netns"):
         pass
     assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def in_child(host: Netns, request: Callable[[], None]) -> dict:
+    """Fork; in the child: enter `host`, take Home, run `request` (what a request would leave
+    behind), back_home; report what it answered and where it is then."""
+    rd, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        report: dict = {}
+        try:
+            fd = os.open(f"/run/netns/{host.name}", os.O_RDONLY)
+            setns(fd)
+            os.close(fd)
+            os.chdir("/")
+            home = child.Home.here()
+            request()
+            report["back"] = child.back_home(home)
+            report["net"] = os.stat("/proc/self/ns/net").st_ino
+            report["cwd"] = os.getcwd()
+            report["umask"] = os.umask(0o022)
+            report["env"] = "PYCNI_REQUEST_VAR" in os.environ
+            report["policy"] = os.sched_getscheduler(0)
+        except BaseException as e:  # noqa: BLE001
+            report["error"] = repr(e)
+        finally:
+            os.write(wr, json.dumps(report).encode())
+            os._exit(0)
+    os.close(wr)
+    with os.fdopen(rd) as f:
+        out = json.loads(f.read())
+    os.waitpid(pid, 0)
+    assert "error" not in out, out["error"]
+    return out
+
+
+@pytest.mark.root
+def test_back_home_undoes_what_a_request_takes(host: Netns, pod: Netns) -> None:
+    """A request enters the caller's namespace and cwd, takes its umask and environment."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+
+    def request() -> None:
+        fd = os.open(pod.path, os.O_RDONLY)
+        setns(fd)
+        os.close(fd)
+        os.chdir("/tmp")
+        os.umask(0o077)
+        os.environ["PYCNI_REQUEST_VAR"] = "1"
+
+    out = in_child(host, request)
+    assert out["back"] is True
+    assert out["net"] == os.stat(f"/run/netns/{host.name}").st_ino
+    assert (out["cwd"], out["umask"], out["env"]) == ("/", umask, False)
+    assert out["policy"] == os.SCHED_OTHER  # idle while cleaning up, not for the next request
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("left", ["fd", "thread", "process"])
+def test_a_spare_that_is_not_back_says_so(host: Netns, left: str) -> None:
+    """An fd left open (a record lock would go with it), a thread still running, a process
+    still there: the spare must not serve again."""
+    held: list = []
+
+    def request() -> None:
+        if left == "fd":
+            held.append(os.open("/dev/null", os.O_RDONLY))
+        elif left == "thread":
+            child.THREADS_WAIT = 0.2
+            threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
+        else:
+            held.append(subprocess.Popen(["sleep", "5"]))
+
+    assert in_child(host, request)["back"] is False
+
+
+@pytest.mark.root
+def test_spares_serve_pod_after_pod(host: Netns, pod: Netns, plugins: Plugins,
+                                    start_daemon, tmp_path: Path) -> None:  # noqa: F811
+    """The whole chain (nftables, conntrack, veth and ifb deletes with their helper threads,
+    IPAM files), DEL of a pod whose netns is gone, errors: the spares come back every time."""
+    daemon = start_daemon(host)
+    wait_for(lambda: len(daemon.named("pycni-spare")) == 2, "two spares")
+    spares = set(daemon.named("pycni-spare"))
+    steps = 0
+    for round_ in range(2):
+        (tmp_path / str(round_)).mkdir()
+        steps += len(run_chain(plugins, pod, scenario("chain", tmp_path / str(round_)),
+                               daemon.env))
+    daemon.wait_served(steps)
+    wait_for(lambda: set(daemon.named("pycni-spare")) == spares, "both spares back")
+    assert NOT_BACK not in daemon.log.read_text()
+    assert "spare is back" in daemon.log.read_text()
+
+
+@pytest.mark.root
+def test_a_spare_acts_in_each_callers_namespace(
+        netns_factory, start_daemon, tmp_path: Path) -> None:  # noqa: F811
+    """Requests from two callers in two namespaces, alternating, through the same spares: each
+    bridge and masquerade rule lands in its caller's namespace (an nftables context is made
+    per request, never kept for the next)."""
+    home = netns_factory("pycni-host")
+    callers = [netns_factory("pycni-host") for _ in range(2)]
+    daemon = start_daemon(home, "--spares", "1")
+    wait_for(lambda: len(daemon.named("pycni-spare")) == 1, "the spare")
+    spare = daemon.named("pycni-spare")
+    conf = scenario("bridge", tmp_path)[0]
+    for i in range(4):
+        caller = callers[i % 2]
+        pod = netns_factory("pycni-pod")
+        Plugins(caller).ok("bridge", "ADD", conf, netns=pod.path, container_id=f"c{i}",
+                           env=daemon.env)
+        daemon.wait_served(i + 1)
+        wait_for(lambda: daemon.named("pycni-spare") == spare, "the spare back")
+    for n, caller in enumerate(callers):
+        rules = caller.run("nft", "list", "chain", "inet", "cni_plugins_masquerade",
+                           "masq_checks").stdout
+        assert [f"id: c{i}" in rules for i in range(4)] == [i % 2 == n for i in range(4)]
+        assert caller.run("ip", "link", "show", "idbr0", check=False).returncode == 0
+    assert home.run("ip", "link", "show", "idbr0", check=False).returncode != 0
+    assert NOT_BACK not in daemon.log.read_text()
+
+
+@pytest.mark.root
+def test_a_spare_retires_after_max_served(host: Netns, pod: Netns, plugins: Plugins,
+                                          start_daemon) -> None:  # noqa: F811
+    daemon = start_daemon(host, "--spares", "1")
+    wait_for(lambda: len(daemon.named("pycni-spare")) == 1, "the spare")
+    first = daemon.named("pycni-spare")
+    for i in range(child.MAX_SERVED):
+        plugins.ok("loopback", "CHECK", LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
+        daemon.wait_served(i + 1)  # one at a time: every request finds the spare back
+        if i < child.MAX_SERVED - 1:
+            wait_for(lambda: daemon.named("pycni-spare") == first, "the spare back")
+    wait_for(lambda: len(daemon.named("pycni-spare")) == 1
+             and daemon.named("pycni-spare") != first, "a new spare")
+    assert NOT_BACK not in daemon.log.read_text()

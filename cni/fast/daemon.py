@@ -8,7 +8,10 @@ environment and umask, runs `skel.run(plugin, env, stdin, netns=fd)` and sends t
 parent kills a child that overruns its timeout and answers for it; a child that crashes gets an
 error reply; neither touches the parent or any other request. Children are mostly spares, forked
 and warmed ahead by the zygote (zygote.py: a child of the parent at SCHED_IDLE, so that the
-parent forks only when no spare is ready) and adopted by the parent, a child subreaper.
+parent forks only when no spare is ready) and adopted by the parent, a child subreaper. A spare
+serves request after request, up to child.MAX_SERVED, as long as it can show it is back to what
+it was before each (child.back_home: fds, threads, children, namespaces, cwd, umask,
+environment); a used process runs a plugin's path without a fresh fork's page faults.
 
 Listening (listener.py): an inherited socket (systemd socket activation: LISTEN_FDS/LISTEN_PID),
 else a socket it binds itself (default /run/pycni/pycni.sock; directory 0700, socket 0600). Peers
@@ -66,7 +69,8 @@ def run_daemon(opts: Options, runner: Runner | None = None) -> int:
 @click.option("--max-children", type=int, default=Options.max_children, show_default=True,
               help="Requests run at once; more wait in a queue.")
 @click.option("--spares", type=int, default=Options.spares, show_default=True,
-              help="Children forked and warmed ahead of requests.")
+              help="Children forked and warmed ahead of requests; each serves request after "
+                   "request.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every request served.")
 def command(socket_path: str, timeout: float, max_children: int, spares: int,
             verbose: bool) -> None:

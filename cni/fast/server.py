@@ -43,7 +43,7 @@ class Options:
     read_timeout: float = 10.0  # for a request to arrive completely after connect
     max_request: int = proto.MAX_REQUEST
     max_children: int = 64  # running at once; more wait in a queue
-    spares: int = 2  # children forked and warmed ahead, so a request pays neither
+    spares: int = 2  # children forked and warmed ahead, so a request pays neither; reused
     max_pending: int = 4096  # connections still sending; the oldest go first beyond this
     verbose: bool = False  # log every request served
 
@@ -75,11 +75,13 @@ class Ready:
 
 @dataclass
 class Spare:
-    """A child forked and warmed ahead of time, waiting on `ctl` for the one request it runs."""
+    """A child forked and warmed ahead of time, waiting on `ctl` for a request; it says when it
+    is ready again after one (child.back_home), or exits."""
 
     ctl: socket.socket
     pid: int = 0  # known once it is ready (the zygote's spares say it then)
     ready: bool = False  # warmed (it said so on ctl): a request handed to it runs at once
+    serving: bool = False  # running a request (its Job is in Server.jobs under its pid)
 
 
 @dataclass
@@ -176,7 +178,7 @@ class Server:
             ready = self.queue.popleft()
             close_all(ready.fds)
             ready.conn.close()
-        for spare in list(self.spares.values()):
+        for spare in [s for s in self.spares.values() if not s.serving]:
             self._drop_spare(spare)  # EOF: it exits without running anything
         self._retire_zygote()
 
@@ -321,12 +323,11 @@ class Server:
     def _start(self, ready: Ready) -> None:
         stdin = proto.decode_request(ready.data)[2]
         for spare in [s for s in self.spares.values() if s.ready]:
-            self._drop_spare(spare, retire=False)
-            handed = hand_over(spare.ctl, ready.conn, ready.data, ready.fds)
-            spare.ctl.close()
-            if handed:
+            if hand_over(spare.ctl, ready.conn, ready.data, ready.fds):
+                spare.ready, spare.serving = False, True
                 self._started(spare.pid, ready, stdin)
                 return
+            self._drop_spare(spare)
         plugin, env_block, stdin, roles, umask = proto.decode_request(ready.data)
         try:
             pid = os.fork()
@@ -353,6 +354,8 @@ class Server:
         self.sel.register(job.conn, selectors.EVENT_READ, lambda _c, job=job: self._hangup(job))
 
     def _hangup(self, job: Job) -> None:
+        if not job.watched:  # finished by an event before this one, in the same round
+            return
         try:
             if job.conn.recv(4096, socket.MSG_DONTWAIT):
                 return  # stray bytes: not a hang-up
@@ -364,8 +367,8 @@ class Server:
         job.watched = False
         if self.jobs.get(job.pid) is not job:
             return
-        if comm(job.pid) == DONE:  # it had answered: the caller read the reply and closed
-            self._release(job)
+        if comm(job.pid) == DONE or self._said_ready(job.pid):
+            self._release(job)  # it had answered: the caller read the reply and closed
             return
         log.info("%s: the caller went away; stopping its request", job.label)
         job.abandoned = True
@@ -373,10 +376,12 @@ class Server:
 
     def _refill_wanted(self, zygote: bool) -> bool:
         """Whether to make a spare: asked of the zygote at once (it works at SCHED_IDLE);
-        forked here only while no request runs."""
+        forked here only while no request runs. Spares serving a request count: they come
+        back (a pod's next plugin finds the other one)."""
         have = len(self.spares) + self.ordered
+        idle = have - sum(s.serving for s in self.spares.values())
         return (not self.stopping and have < self.opts.spares
-                and len(self.jobs) + have < self.opts.max_children
+                and len(self.jobs) + idle < self.opts.max_children
                 and (zygote or not (self.queue or self.jobs)))
 
     def _refill_spares(self) -> None:
@@ -408,7 +413,8 @@ class Server:
                           lambda _c, spare=spare: self._spare_says(spare))
 
     def _spare_says(self, spare: Spare) -> None:
-        """A spare says when it is warm, with its pid; EOF: it died (reaped as a child)."""
+        """A spare says when it is warm, with its pid, and again once it has served a request
+        and is back (that request is then over); EOF: it died (reaped as a child)."""
         try:
             said = spare.ctl.recv(READY_SIZE, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
@@ -416,10 +422,27 @@ class Server:
         except OSError:
             said = b""
         pid = ready_pid(said)
-        if pid:
-            spare.pid, spare.ready = pid, True
-        else:
+        if not pid:
             self._drop_spare(spare)
+            return
+        if spare.serving:
+            spare.serving = False
+            job = self.jobs.pop(spare.pid, None)
+            if job is not None:
+                self._finish(job, 0, "the spare is back")
+        spare.pid, spare.ready = pid, True
+        if self.stopping:
+            self._drop_spare(spare)
+
+    def _said_ready(self, pid: int) -> bool:
+        """Whether the spare running as `pid` has said it is back (not yet read here)."""
+        for spare in self.spares.values():
+            if spare.pid == pid and spare.serving:
+                try:
+                    return spare.ctl.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+                except OSError:
+                    return False
+        return False
 
     def _spare_main(self, ctl: socket.socket) -> None:
         spare_main(ctl, self.opts.timeout, self.runner, self.warm_netns)
@@ -520,11 +543,12 @@ class Server:
             if not owners:
                 del self.busy[job.key]
 
-    def _finish(self, job: Job, code: int) -> None:
-        log.debug("served %s (child exit %d)", job.label, code)
+    def _finish(self, job: Job, code: int, how: str = "") -> None:
+        log.debug("served %s (%s)", job.label, how or f"child exit {code}")
         self._release(job)
         if job.watched:
             self.sel.unregister(job.conn)
+            job.watched = False
         if code not in (0, EXIT_NOT_STARTED) and not job.abandoned:
             if job.timed_out:
                 why, err = f"timed out after {self.opts.timeout:g}s", proto.TRY_AGAIN_LATER

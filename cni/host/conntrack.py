@@ -48,10 +48,18 @@ _lingering: list[socket.socket] | None = None
 
 
 def linger_until_exit() -> None:
-    """This process exits after its one request: leave the sockets' close to its exit."""
+    """This process replies before it is done: leave the sockets' close until after the reply
+    (its exit, or close_lingering)."""
     global _lingering
     if _lingering is None:
         _lingering = []
+
+
+def close_lingering() -> None:
+    """Close what linger_until_exit kept open (a daemon's child that serves again does so after
+    its reply, where its exit would have)."""
+    while _lingering:
+        _lingering.pop().close()
 
 
 def delete_udp_dport(ports: Mapping[int, Iterable[int]]) -> int:

@@ -49,6 +49,13 @@ def _nft():
     return ctx
 
 
+def drop_contexts() -> None:
+    """Free every context and its socket. For a process that serves again after a request: a
+    context pins the namespace it was made in, and the next request starts as a fresh process
+    would."""
+    _ctx.clear()
+
+
 def run(script: str) -> None:
     """Apply a script of nft commands as one atomic transaction."""
     nft = _nft()
