@@ -40,9 +40,10 @@ def test_entering_a_missing_namespace_leaves_no_fd_open() -> None:
     assert sorted(os.listdir("/proc/self/fd")) == before
 
 
-def in_child(host: Netns, request: Callable[[], None]) -> dict:
-    """Fork; in the child: enter `host`, take Home, run `request` (what a request would leave
-    behind), back_home; report what it answered and where it is then."""
+def in_child(host: Netns, request: Callable[[], None],
+             before: Callable[[], None] = lambda: None) -> dict:
+    """Fork; in the child: enter `host`, run `before`, take Home, run `request` (what a request
+    would leave behind), back_home; report what it answered and where it is then."""
     rd, wr = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -52,6 +53,7 @@ def in_child(host: Netns, request: Callable[[], None]) -> dict:
             setns(fd)
             os.close(fd)
             os.chdir("/")
+            before()
             home = child.Home.here()
             request()
             report["back"] = child.back_home(home)
@@ -87,7 +89,11 @@ def test_back_home_undoes_what_a_request_takes(host: Netns, pod: Netns) -> None:
         os.umask(0o077)
         os.environ["PYCNI_REQUEST_VAR"] = "1"
 
-    out = in_child(host, request)
+    def nft_context() -> None:  # as a warm-up (or the test process) might have left one
+        from cni.host import nft
+        nft.list_json("tables")
+
+    out = in_child(host, request, before=nft_context)
     assert out["back"] is True
     assert out["net"] == os.stat(f"/run/netns/{host.name}").st_ino
     assert (out["cwd"], out["umask"], out["env"]) == ("/", umask, False)

@@ -189,6 +189,7 @@ class Home(NamedTuple):
 
     @classmethod
     def here(cls) -> Home:
+        drop_request_state()  # none between requests (warm-ups make none today)
         flags = os.O_RDONLY | os.O_CLOEXEC
         net = os.open("/proc/thread-self/ns/net", flags)
         mnt = os.open("/proc/thread-self/ns/mnt", flags)
@@ -204,10 +205,7 @@ def back_home(home: Home) -> bool:
     where allowed: the caller's next plugin is starting on the same CPUs."""
     signal.alarm(0)
     idle = _set_policy(os.SCHED_IDLE)
-    if "cni.host.nft" in sys.modules:  # the plugins' lazily made state, made per request
-        sys.modules["cni.host.nft"].drop_contexts()
-    if "cni.host.conntrack" in sys.modules:
-        sys.modules["cni.host.conntrack"].close_lingering()
+    drop_request_state()
     if not _threads_done():
         return _not_back("a thread of the request is still running")
     if not _no_children():
@@ -226,6 +224,15 @@ def back_home(home: Home) -> bool:
     if left:
         return _not_back(f"its open fds differ from before the request: {_describe(left)}")
     return not idle or _set_policy(os.SCHED_OTHER)
+
+
+def drop_request_state() -> None:
+    """What plugins make lazily in a request and keep for after its reply: nftables contexts,
+    conntrack's lingering sockets (each pins a namespace, and holds an fd)."""
+    if "cni.host.nft" in sys.modules:
+        sys.modules["cni.host.nft"].drop_contexts()
+    if "cni.host.conntrack" in sys.modules:
+        sys.modules["cni.host.conntrack"].close_lingering()
 
 
 def _describe(fds: frozenset[str]) -> str:
