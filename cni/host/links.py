@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from cni.host import netns, rtnl
-
-IFF_UP = 0x1
+from cni.host.rtnl import IFF_PROMISC, IFF_UP
 
 
 def set_loopback(target: int | str, up: bool) -> list[str]:
@@ -24,7 +23,6 @@ def loopback_is_up(target: int | str) -> bool:
 
 # --- generic link helpers (bridge, veth) -------------------------------------------------------
 
-IFF_PROMISC = 0x100
 IFNAMSIZ = 16
 
 
