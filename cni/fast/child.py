@@ -3,7 +3,7 @@ spare over its control socket), becomes the caller (its namespaces, cwd, environ
 runs skel.run, sends the Reply. A child the parent forked for one request then exits. A spare
 goes back to what it was before the request (back_home) and says it is ready again: a process
 that has run a plugin's path before runs it again without the copy-on-write and first-touch
-page faults a fresh fork pays (bridge CHECK ~4 ms in a fresh child, ~1 ms in a used one). It
+page faults a fresh fork pays (bridge CHECK ~4-5 ms in a fresh child, ~1.4 in a used one). It
 serves again only if it is provably back: the same open fds, one thread, no child process, its
 own namespaces, cwd, umask and environment; else, and after MAX_SERVED requests, it exits as a
 one-request child does. It never returns into the parent's loop."""
