@@ -180,3 +180,26 @@ def test_a_spare_retires_after_max_served(host: Netns, pod: Netns, plugins: Plug
     wait_for(lambda: len(daemon.named("pycni-spare")) == 1
              and daemon.named("pycni-spare") != first, "a new spare")
     assert NOT_BACK not in daemon.log.read_text()
+
+
+def test_a_hang_up_seen_after_its_job_ended_in_the_same_round_is_ignored() -> None:
+    """The spare's 'back' and its caller's close can come in one round of events: the first
+    ends the job (its connection closed), the second must then do nothing (it raised, and the
+    daemon's loop with it)."""
+    import selectors
+    import socket
+
+    from cni.fast.server import Job, Options, Server
+
+    listener, _ = socket.socketpair()
+    server = Server(listener, Options(spares=0))
+    conn, caller = socket.socketpair()
+    job = Job(os.getpid(), conn, time.monotonic() + 60, "loopback ADD ctr1", b"",
+              ("ctr1", "lo"))
+    server.jobs[job.pid] = job
+    server.busy[job.key] = {job.pid}
+    server.sel.register(conn, selectors.EVENT_READ)
+    caller.close()
+    server._finish(server.jobs.pop(job.pid), 0, "the spare is back")
+    server._hangup(job)  # the same round's stale event
+    assert conn.fileno() == -1 and not server.busy and not job.abandoned
