@@ -82,7 +82,7 @@ def test_a_namespace_tracking_nothing_is_not_dumped(host, monkeypatch) -> None:
 
 
 def test_a_process_that_exits_after_its_request_leaves_the_close_to_its_exit(host) -> None:
-    """The daemon's child (linger_until_exit) keeps its ctnetlink socket open: its close can
+    """The daemon's child (linger_after_reply) keeps its ctnetlink socket open: its close can
     wait for nf_tables' cleanup after a commit; exit closes it after the reply."""
     code = ("import os, sys\n"
             "from cni.host import conntrack, netns\n"
@@ -95,7 +95,7 @@ def test_a_process_that_exits_after_its_request_leaves_the_close_to_its_exit(hos
             "    before = sockets()\n"
             "    first = conntrack.delete_udp_dport({4: {5353}})\n"
             "    closed = sockets() - before\n"
-            "    conntrack.linger_until_exit()\n"
+            "    conntrack.linger_after_reply()\n"
             "    second = conntrack.delete_udp_dport({4: {5454}})\n"
             "    print(first, closed, second, sockets() - before)\n")
     insert(host, 4, 5353)

@@ -163,7 +163,7 @@ def run_request(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes
             from cni import skel
             from cni.host import conntrack
 
-            conntrack.linger_until_exit()  # closed after the reply (see conntrack)
+            conntrack.linger_after_reply()  # closed after the reply (see conntrack)
             runner = skel.run
         reply = runner(plugin, env, stdin, netns_fd(by_role))
         set_name(DONE)  # the parent must not take the caller's close for a hang-up now

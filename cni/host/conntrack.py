@@ -41,13 +41,13 @@ _AF = {4: socket.AF_INET, 6: socket.AF_INET6}
 COUNT = "/proc/sys/net/netfilter/nf_conntrack_count"  # per namespace: the reader's
 # Closing a ctnetlink socket that has sent (NETLINK_URELEASE) makes nf_tables flush its pending
 # transaction cleanup, which waits for an RCU grace period after any nft commit: 10-30 ms right
-# after portmap's own rules went in. A process that exits once its request is answered (the
-# daemon's child) keeps its sockets open instead (linger_until_exit): exit closes them after
-# the reply. Anyone else closes at once.
+# after portmap's own rules went in. A process that answers its request before it is done (the
+# daemon's child) keeps its sockets open instead (linger_after_reply): its exit, or
+# close_lingering when it serves again, closes them after the reply. Anyone else closes at once.
 _lingering: list[socket.socket] | None = None
 
 
-def linger_until_exit() -> None:
+def linger_after_reply() -> None:
     """This process replies before it is done: leave the sockets' close until after the reply
     (its exit, or close_lingering)."""
     global _lingering
@@ -56,7 +56,7 @@ def linger_until_exit() -> None:
 
 
 def close_lingering() -> None:
-    """Close what linger_until_exit kept open (a daemon's child that serves again does so after
+    """Close what linger_after_reply kept open (a daemon's child that serves again does so after
     its reply, where its exit would have)."""
     while _lingering:
         _lingering.pop().close()
