@@ -102,7 +102,7 @@ class Plugins:
         return out
 
 
-HEAVY_MODULES = ("pyroute2", "pydantic", "click", "nftables")
+HEAVY_MODULES = ("pyroute2", "pydantic_core", "pydantic", "click", "nftables")
 
 
 def probe_binary(plugin: str, env: dict[str, str], stdin: bytes = b"",

@@ -48,7 +48,10 @@ def pod_state(pod) -> dict:
     {"isDefaultGateway": True, "ranges": DUAL},
     {"isGateway": True, "mtu": 1400, "hairpinMode": True},
     {"isGateway": False, "subnet": "10.30.0.0/16"},
-], ids=["dual-default-gw", "mtu-hairpin", "no-gateway"])
+    # The reference's result carries types.DNS: its four keys (found however cased), nothing else.
+    {"dns": {"Nameservers": ["10.22.0.53"], "domain": "pods.test", "search": [],
+             "sortlist": ["10.22.0.0/24"]}},
+], ids=["dual-default-gw", "mtu-hairpin", "no-gateway", "dns"])
 def test_same_result_and_pod_state_as_the_reference(netns_factory, tmp_path, version,
                                                     keys) -> None:
     results, states = [], []

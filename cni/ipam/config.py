@@ -1,9 +1,9 @@
 """host-local configuration: the reference's keys, defaults and validation rules.
 
-The JSON shape is checked by pydantic models (wrong types -> error 7 naming the key); the meaning
-(subnets, ranges, overlaps, requested IPs) is checked here with the reference's rules, in the
-reference's order, and every error names the key path and the value. Addresses are handled as
-integers so that iterating over a range costs nothing.
+The JSON shape is checked by config models (cni.spec.config: wrong types -> error 7 naming the
+key); the meaning (subnets, ranges, overlaps, requested IPs) is checked here with the
+reference's rules, in the reference's order, and every error names the key path and the value.
+Addresses are handled as integers so that iterating over a range costs nothing.
 """
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import Field
-
 from cni.spec import names
-from cni.spec.config import DNS, Model, empty_list, parse
+from cni.spec.config import DNS, Model, new, parse
 from cni.spec.errors import CNIError, Code
 from cni.spec.version import at_least
 
@@ -48,16 +46,16 @@ class IPAMModel(RangeModel):
     routes: list[RouteModel] | None = None
     dataDir: str = ""
     resolvConf: str = ""
-    ranges: list[list[RangeModel]] = Field(default_factory=empty_list)
+    ranges: list[list[RangeModel]] = new(list)
 
 
 class RuntimeModel(Model):
-    ips: list[str] = Field(default_factory=empty_list)
-    ipRanges: list[list[RangeModel]] = Field(default_factory=empty_list)
+    ips: list[str] = new(list)
+    ipRanges: list[list[RangeModel]] = new(list)
 
 
 class CNIArgsModel(Model):
-    ips: list[str] = Field(default_factory=empty_list)
+    ips: list[str] = new(list)
 
 
 class ArgsModel(Model):
@@ -68,7 +66,7 @@ class NetModel(Model):
     cniVersion: str = ""
     name: str = ""
     ipam: IPAMModel | None = None
-    runtimeConfig: RuntimeModel = Field(default_factory=RuntimeModel)
+    runtimeConfig: RuntimeModel = new(RuntimeModel)
     args: ArgsModel | None = None
 
 
@@ -358,5 +356,5 @@ def parse_resolv_conf(path: str) -> dict[str, Any]:
             dns.search += fields[1:]
         elif fields[0] == "options":
             dns.options += fields[1:]
-    return {k: v for k, v in dns.model_dump(exclude_unset=False).items()
+    return {k: v for k, v in dns.dump().items()
             if v and k in ("nameservers", "domain", "search", "options")}
