@@ -16,14 +16,13 @@ Nothing here knows CNI: callers hand in validated mappings, addresses and condit
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from cni.host import lean_pyroute2, masq, nft
+from cni.host.digest import sha256_hex, sha512_hex
 
 lean_pyroute2.install()  # pyroute2 is imported below by submodule only (see lean_pyroute2)
 
@@ -38,8 +37,7 @@ PROTOCOLS = ("tcp", "udp", "sctp")
 TABLE_COMMENT = "CNI portmap plugin"
 
 
-@dataclass(frozen=True)
-class Mapping:
+class Mapping(NamedTuple):
     """One validated port mapping; host_ip is "" for any local address."""
 
     host_port: int
@@ -48,8 +46,7 @@ class Mapping:
     host_ip: str = ""
 
 
-@dataclass(frozen=True)
-class Rule:
+class Rule(NamedTuple):
     """A container rule: `==` matches (left, right) then one action, in one chain of a family."""
 
     family: int
@@ -100,7 +97,7 @@ def rule_comment(container_id: str) -> str:
     becomes a digest that no valid ID equals ('=' can't start one)."""
     if len(container_id) <= 128 and _PLAIN.match(container_id):
         return container_id
-    return "=" + hashlib.sha512(container_id.encode()).hexdigest()[:32]
+    return "=" + sha512_hex(container_id, 32)
 
 
 def record_chain(container_id: str, network: str, ifname: str) -> str:
@@ -111,8 +108,7 @@ def network_record_prefix(network: str) -> str:
     return RECORD_PREFIX + masq.hash_for_network(network) + "-"
 
 
-@dataclass
-class Listing:
+class Listing(NamedTuple):
     """One family's table at one moment: chain names and rules (one `nft list table`)."""
 
     family: int
@@ -197,7 +193,7 @@ def _part(value: str, limit: int) -> str:
     """A legacy comment word: the value itself when short and safe, else '=' + 16 hex."""
     if value and len(value) <= limit and _PLAIN.match(value) and not value.startswith("="):
         return value
-    return "=" + hashlib.sha256(value.encode()).hexdigest()[:16]
+    return "=" + sha256_hex(value, 16)
 
 
 def legacy_owner(container_id: str, network: str, ifname: str) -> str:

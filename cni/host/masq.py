@@ -16,10 +16,10 @@ re-ADD also remove those ("legacy") rules, so an upgrade under live pods leaks n
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 
 from cni.host import nft
+from cni.host.digest import sha256_hex, sha512_hex
 
 FAMILY = "inet"
 TABLE = "cni_plugins_masquerade"
@@ -33,7 +33,7 @@ CHAIN_COMMENT = "Masquerade traffic from certain IPs to any (non-multicast) IP o
 
 def hash_for_network(network: str) -> str:
     """The reference's utils.MustFormatHashWithPrefix(16, "", network)."""
-    return hashlib.sha512(network.encode()).hexdigest()[:16]
+    return sha512_hex(network, 16)
 
 
 def hash_for_instance(network: str, ifname: str, container_id: str) -> str:
@@ -42,7 +42,7 @@ def hash_for_instance(network: str, ifname: str, container_id: str) -> str:
 
 def legacy_hash(value: str) -> str:
     """What pycni wrote before the v1.9 layout (SHA-256): only ever looked for, never written."""
-    return hashlib.sha256(value.encode()).hexdigest()[:16]
+    return sha256_hex(value, 16)
 
 
 def legacy_instance(network: str, ifname: str, container_id: str) -> str:

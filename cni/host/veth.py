@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 from contextlib import nullcontext
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cni.host import links, netns, rtnl, sysctl
 from cni.host.errors import HostError
@@ -19,15 +18,14 @@ from cni.host.errors import HostError
 ATTEMPTS = 10
 
 
-@dataclass
-class Pair:
+class Pair(NamedTuple):
     host: links.Link
     container: links.Link
 
 
 def random_name() -> str:
     """`veth` + 8 random hex digits, as the reference names host ends."""
-    return "veth" + secrets.token_hex(4)
+    return "veth" + os.urandom(4).hex()  # secrets.token_hex(4), without its OpenSSL import
 
 
 def create(container_ns: int | str, ifname: str, mtu: int = 0, mac: str = "",

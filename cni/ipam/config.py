@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from cni.spec import names
 from cni.spec.config import DNS, Model, new, parse
@@ -77,8 +76,7 @@ def bad(key: str, value: Any, why: str, prefix: str = "") -> CNIError:
     return CNIError(Code.INVALID_CONFIG, f"{prefix}invalid {key} {json.dumps(value)}: {why}")
 
 
-@dataclass(frozen=True)
-class Range:
+class Range(NamedTuple):
     """One range of a set: addresses as integers, bounds inclusive (the reference's Range)."""
 
     version: int
@@ -132,15 +130,14 @@ class RangeSet(list[Range]):
         return ",".join(str(r) for r in self)
 
 
-@dataclass
-class IPAMConfig:
+class IPAMConfig(NamedTuple):
     name: str
     version: str
     ranges: list[RangeSet]
     data_dir: str
-    routes: list[dict[str, Any]] = field(default_factory=list)
-    resolv_conf: str = ""
-    requested: list[Address] = field(default_factory=list)
+    routes: list[dict[str, Any]]
+    resolv_conf: str
+    requested: list[Address]
 
 
 def load(config: dict[str, Any], version: str, args: list[tuple[str, str]]) -> IPAMConfig:

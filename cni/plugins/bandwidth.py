@@ -29,20 +29,13 @@ import copy
 from typing import Any, NamedTuple
 
 from cni.host import netns
+from cni.host.digest import sha512_hex
 from cni.host.errors import HostError
 from cni.plugins.undo import Undo
 from cni.skel import Request, require_printable, valid_attachments
 from cni.spec import keys
 from cni.spec.errors import CNIError, Code, invalid_config
 from cni.spec.result import Result
-
-try:  # hashlib would load OpenSSL (_hashlib, ~2.5 ms an exec) for one digest; same sha512
-    from _sha512 import sha512
-except ImportError:  # Python 3.12+ merged it into _sha2; other builds may lack both
-    try:
-        from _sha2 import sha512  # type: ignore[import-not-found, no-redef]
-    except ImportError:
-        from hashlib import sha512  # type: ignore[assignment]
 
 KEYS = ("ingressRate", "ingressBurst", "egressRate", "egressBurst")
 ANNOTATIONS = "io.kubernetes.cri.pod-annotations"
@@ -84,7 +77,7 @@ def derived_burst(rate_bits: int, mtu: int) -> int:
 
 def ifb_name(network: str, container_id: str) -> str:
     """`bwp` + 12 hex of sha512(network + containerID), the reference's name."""
-    return IFB_PREFIX + sha512((network + container_id).encode()).hexdigest()[:12]
+    return IFB_PREFIX + sha512_hex(network + container_id, 12)
 
 
 # ---- configuration ---------------------------------------------------------------------------

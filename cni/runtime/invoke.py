@@ -9,8 +9,8 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import IO, Any
+from collections.abc import Sequence
+from typing import IO, Any, NamedTuple
 
 from cni.spec import result as results
 from cni.spec.errors import CNIError, Code
@@ -20,16 +20,15 @@ from cni.spec.version import CURRENT, SUPPORTED, parse
 _BUSY_RETRIES = 5
 
 
-@dataclass
-class Args:
+class Args(NamedTuple):
     """The per-exec parameters (libcni invoke.Args) that become CNI_* variables."""
 
     command: str
     container_id: str = ""
     netns: str = ""
     ifname: str = ""
-    cni_args: list[tuple[str, str]] = field(default_factory=list)
-    path: list[str] = field(default_factory=list)
+    cni_args: Sequence[tuple[str, str]] = ()
+    path: Sequence[str] = ()
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """Our environment plus the CNI_* variables; ours win over inherited ones."""
