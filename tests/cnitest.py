@@ -102,7 +102,8 @@ class Plugins:
         return out
 
 
-HEAVY_MODULES = ("pyroute2", "pydantic_core", "pydantic", "click", "nftables")
+HEAVY_MODULES = ("pyroute2", "pydantic_core._pydantic_core", "pydantic_core", "pydantic", "click",
+                 "nftables")
 
 
 def probe_binary(plugin: str, env: dict[str, str], stdin: bytes = b"",

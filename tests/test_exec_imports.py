@@ -1,6 +1,7 @@
 """What an exec without the daemon imports: bridge (with host-local run in-process) and portmap
-load neither the `pydantic` package, dataclasses (inspect), OpenSSL (hashlib's _hashlib) nor
-pyroute2's IPRoute; each costs every such exec milliseconds (bench/RESULTS.md)."""
+load neither the `pydantic` package, pydantic-core's package (only its compiled module),
+dataclasses (inspect), OpenSSL (hashlib's _hashlib) nor pyroute2's IPRoute; each costs every
+such exec milliseconds (bench/RESULTS.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from cnitest import probe_binary
 
 pytestmark = pytest.mark.root
 
-WATCH = ("pydantic", "dataclasses", "inspect", "_hashlib", "secrets", "pyroute2.iproute")
+WATCH = ("pydantic", "pydantic_core", "typing_extensions", "dataclasses", "inspect", "_hashlib",
+         "secrets", "pyroute2.iproute")
 
 
 def test_bridge_and_portmap_verbs_load_none_of_the_costly_modules(host, pod, tmp_path) -> None:

@@ -7,23 +7,57 @@ A model is a class whose annotations are its keys, as with pydantic's BaseModel;
 validation compiles them into a core schema of the same shape BaseModel would build (same
 checks, same messages, same error locations). pydantic-core is driven directly because the
 `pydantic` package costs every exec that validates a config ~60 ms more to import than the
-core does (bridge and portmap without the daemon; bench/RESULTS.md). The types understood are
-the ones the configs use: str, int, bool, Any, models, `X | None`, `list[X]`, `dict[str, X]`,
-and Annotated with STRICT and Bounds.
+core does (bridge and portmap without the daemon; bench/RESULTS.md), and only the core's compiled
+module is loaded (`_engine`). The types understood are the ones the configs use: str, int, bool,
+Any, models, `X | None`, `list[X]`, `dict[str, X]`, and Annotated with STRICT and Bounds.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import types
 import typing
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, NamedTuple, TypeVar, cast
-
-from pydantic_core import SchemaValidator, ValidationError
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, NamedTuple, TypeVar, cast
 
 from cni.spec import keys
 from cni.spec.errors import CNIError, Code
+
+if TYPE_CHECKING:
+    from pydantic_core import SchemaValidator, ValidationError
+
+
+def _engine() -> types.ModuleType:
+    """pydantic-core's compiled module (validators, errors), loaded without its package's
+    __init__: that one imports typing_extensions (inspect) and defines the schema TypedDicts,
+    ~20 ms of an exec that needs none of them. It is registered under its own name, so a later
+    `import pydantic_core` (the tests, pydantic) reuses it: a compiled module loads only once."""
+    name = "pydantic_core._pydantic_core"
+    if name in sys.modules:
+        return sys.modules[name]
+    from importlib.machinery import PathFinder
+    from importlib.util import module_from_spec
+
+    package = PathFinder.find_spec("pydantic_core")
+    spec = package and PathFinder.find_spec(name, package.submodule_search_locations)
+    if spec is None or spec.loader is None:  # not installed as a package dir: the usual way
+        import pydantic_core._pydantic_core as module
+
+        return module
+    module = module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+_core = _engine()
+SchemaValidator = _core.SchemaValidator  # the very classes `pydantic_core` exports
+ValidationError = _core.ValidationError
 
 M = TypeVar("M", bound="Model")
 T = TypeVar("T")
