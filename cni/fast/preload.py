@@ -42,6 +42,11 @@ def preimport(extra: tuple[str, ...] = ()) -> list[str]:
     from cni.host import nsfd
 
     nsfd.libc()  # loaded once, before the forks
+    if "cni.spec.config" not in missing:
+        from cni.spec.config import Model
+
+        for failure in Model.compile_all():
+            log.warning("config model %s", failure)
     return missing
 
 
