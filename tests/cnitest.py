@@ -12,6 +12,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,28 @@ def forget_deleted_markers() -> None:
 
 def delete_netns(ns: Netns) -> None:
     subprocess.run(["ip", "netns", "del", ns.name], check=False, capture_output=True)
+
+
+def destroy_netns(ns: Netns, host: Netns, timeout: float = 60.0) -> list[str]:
+    """`ip netns del` the pod namespace `ns` and wait until the kernel has destroyed it.
+
+    `ip netns del` only unmounts the name: the kernel tears the namespace down later, from a
+    work queue (seconds on a loaded box), and only then goes the host end of each of its veths.
+    A test that asserts what a DEL or GC left on the host must first wait for that, or it sees
+    the kernel's pending work as a leak. The host ends are found by pairing ifindexes: the pod
+    end's peer index is the host end's index, and the other way round. Returns the names of
+    the host ends it waited for."""
+    pod_ends = {(link["ifindex"], link["link_index"]) for link in ns.ip("link", "show")
+                if "link_index" in link}
+    host_ends = {link["ifindex"]: link["ifname"] for link in host.ip("link", "show")
+                 if (link.get("link_index"), link["ifindex"]) in pod_ends}
+    subprocess.run(["ip", "netns", "del", ns.name], check=True)
+    deadline = time.monotonic() + timeout
+    while host_ends.keys() & {link["ifindex"] for link in host.ip("link", "show")}:
+        assert time.monotonic() < deadline, (
+            f"the kernel had not destroyed netns {ns.name} after {timeout:.0f} s")
+        time.sleep(0.05)
+    return sorted(host_ends.values())
 
 
 def can_use_netns() -> bool:

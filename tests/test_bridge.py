@@ -18,6 +18,7 @@ from bridge_util import (
     sysctl,
     vlan_filtering_supported,
 )
+from cnitest import destroy_netns
 
 pytestmark = pytest.mark.root
 
@@ -464,7 +465,8 @@ def test_del_after_the_netns_is_gone(plugins, host, netns_factory, tmp_path) -> 
     pod = netns_factory("pycni-pod")
     c = conf(tmp_path, ipMasq=True)
     add(plugins, c, pod)
-    subprocess.run(["ip", "netns", "del", pod.name], check=True)
+    veths = host_veths(host)
+    assert destroy_netns(pod, host) == veths  # the kernel took the pod's veth pair with it
     plugins.ok("bridge", "DEL", c, netns=pod.path, path=ipam_path())
     assert reservations(tmp_path) == [] and masq_rules(host) == [] and host_veths(host) == []
 

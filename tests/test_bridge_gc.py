@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 from bridge_util import conf, ipam_path, masq_rules, reservations, spoof_chains
+from cnitest import destroy_netns
 
 from cni import skel
 from cni.host import nft
@@ -28,7 +28,7 @@ def test_gc_removes_what_is_not_valid_and_keeps_the_rest(plugins, host, netns_fa
     plugins.ok("bridge", "ADD", other, container_id="b", netns=pods["b"].path, ifname="net1",
                path=ipam_path())
     assert len(masq_rules(host)) == 4 and len(spoof_chains(host)) == 8
-    subprocess.run(["ip", "netns", "del", pods["c"].name], check=True)  # c is gone, veth too
+    destroy_netns(pods["c"], host)  # c is gone, veth too
 
     for key in ("cni.dev/valid-attachments", "cni.dev/attachments"):
         gc_conf = c | {key: [attach("a")]}

@@ -16,7 +16,7 @@ from pathlib import Path
 import figures
 import leakcheck
 import pytest
-from cnitest import Netns, delete_netns, new_netns
+from cnitest import Netns, delete_netns, destroy_netns, new_netns
 from relharness import (
     DAEMON_MODULE,
     PLUGIN_MODULES,
@@ -71,7 +71,7 @@ def lifecycle(rt: Runtime, idx: int, tag: str, tally: Tally) -> None:
         if code != 0:
             tally.fail(f"{cid} check: {code} {out} {err[-500:]}")
         if idx % 17 == 5:
-            delete_netns(pod)  # the pod died before the runtime got to DEL it
+            destroy_netns(pod, rt.host)  # the pod died before the runtime got to DEL it
             pod = None
             with tally.lock:
                 tally.netns_gone_before_del += 1

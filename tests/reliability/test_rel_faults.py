@@ -17,7 +17,7 @@ from typing import Any
 import figures
 import leakcheck
 import pytest
-from cnitest import Netns
+from cnitest import Netns, destroy_netns
 from relharness import (
     Net,
     Runtime,
@@ -188,7 +188,7 @@ def kill_chain_during_add(host: Netns, runtime: Runtime, netns_factory: Callable
         landed += outcome.landed
         what = f"chain/{mode} kill #{i} after {delay:.3f}s (landed={outcome.landed})"
         if mode == "lost":
-            subprocess.run(["ip", "netns", "del", pod.name], check=True)
+            destroy_netns(pod, host)
             code, out, err = runtime.run_gc(valid=[])
             assert code == 0, f"{what}: gc failed: {out} {err[-1500:]}"
             leakcheck.assert_none(host, net.data_dir, net.cache_dir, context=what + " + gc")

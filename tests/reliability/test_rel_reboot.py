@@ -14,7 +14,7 @@ from collections.abc import Callable
 import figures
 import leakcheck
 import pytest
-from cnitest import Netns
+from cnitest import Netns, destroy_netns
 from relharness import PLUGIN_MODULES, Net, Runtime, count, need, need_runtime, pod_caps
 
 pytestmark = pytest.mark.root
@@ -53,7 +53,7 @@ def reboot_cycle(scenario: str, netns_factory: Callable[[str], Netns], net: Net,
     assert len(leakcheck.cache_files(net.cache_dir)) == pods
 
     for pod in live:
-        _ns_del(pod)
+        destroy_netns(pod, host)
     if scenario == "reboot":
         _ns_del(host)
         host = netns_factory("rlhost")
