@@ -49,6 +49,12 @@ class Daemon:
         wait_for(lambda: self.served() >= count, f"{count} requests served")
         assert self.served() == count, self.log.read_text()
 
+    def wait_warm(self, spares: list[int] | set[int]) -> None:
+        """Until the daemon has each of `spares` warm (the zygote's warm up at idle priority,
+        slowly on a loaded box): a request before that is forked a child of its own."""
+        wait_for(lambda: all(f"spare {p} is warm" in self.log.read_text() for p in spares),
+                 f"spares {sorted(spares)} warm")
+
     def all_children(self) -> list[int]:
         """Every child: running requests and idle spares."""
         try:
@@ -466,6 +472,7 @@ def test_spares_come_from_the_zygote_and_are_the_daemons_children(host, plugins,
     daemon = start_daemon(host)
     wait_for(lambda: len(daemon.named("pycni-spare")) == 2, "two spares")
     spares = set(daemon.named("pycni-spare"))
+    daemon.wait_warm(spares)
     zygotes = daemon.named("pycni-zygote")
     assert len(zygotes) == 1 and os.sched_getscheduler(zygotes[0]) == os.SCHED_IDLE
     fifo, release = hang_conf(tmp_path)
@@ -491,8 +498,8 @@ def test_spares_warm_up_in_a_namespace_of_the_daemons_own(host, start_daemon) ->
                                capture_output=True, text=True, check=True).stdout
     daemon = start_daemon(host)
     wait_for(lambda: len(daemon.named("pycni-spare")) == 2, "two spares")
-    wait_for(lambda: all(os.sched_getscheduler(p) == os.SCHED_OTHER
-                         for p in daemon.named("pycni-spare")), "the spares to be warm")
+    daemon.wait_warm(daemon.named("pycni-spare"))
+    assert all(os.sched_getscheduler(p) == os.SCHED_OTHER for p in daemon.named("pycni-spare"))
     own = os.readlink(f"/proc/{daemon.proc.pid}/ns/net")
     held = {os.readlink(f"/proc/{daemon.proc.pid}/fd/{fd}")
             for fd in os.listdir(f"/proc/{daemon.proc.pid}/fd")}

@@ -127,6 +127,7 @@ def test_spares_serve_pod_after_pod(host: Netns, pod: Netns, plugins: Plugins,
     daemon = start_daemon(host)
     wait_for(lambda: len(daemon.named("pycni-spare")) == 2, "two spares")
     spares = set(daemon.named("pycni-spare"))
+    daemon.wait_warm(spares)
     steps = 0
     for round_ in range(2):
         (tmp_path / str(round_)).mkdir()
@@ -149,6 +150,7 @@ def test_a_spare_acts_in_each_callers_namespace(
     daemon = start_daemon(home, "--spares", "1")
     wait_for(lambda: len(daemon.named("pycni-spare")) == 1, "the spare")
     spare = daemon.named("pycni-spare")
+    daemon.wait_warm(spare)
     conf = scenario("bridge", tmp_path)[0]
     for i in range(4):
         caller = callers[i % 2]
@@ -172,6 +174,7 @@ def test_a_spare_retires_after_max_served(host: Netns, pod: Netns, plugins: Plug
     daemon = start_daemon(host, "--spares", "1")
     wait_for(lambda: len(daemon.named("pycni-spare")) == 1, "the spare")
     first = daemon.named("pycni-spare")
+    daemon.wait_warm(first)  # else the first requests get a fork each, and it serves fewer
     for i in range(child.MAX_SERVED):
         plugins.ok("loopback", "CHECK", LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
         daemon.wait_served(i + 1)  # one at a time: every request finds the spare back
@@ -179,6 +182,7 @@ def test_a_spare_retires_after_max_served(host: Netns, pod: Netns, plugins: Plug
             wait_for(lambda: daemon.named("pycni-spare") == first, "the spare back")
     wait_for(lambda: len(daemon.named("pycni-spare")) == 1
              and daemon.named("pycni-spare") != first, "a new spare")
+    assert daemon.log.read_text().count("(the spare is back)") == child.MAX_SERVED - 1
     assert NOT_BACK not in daemon.log.read_text()
 
 

@@ -430,6 +430,8 @@ class Server:
             job = self.jobs.pop(spare.pid, None)
             if job is not None:
                 self._finish(job, 0, "the spare is back")
+        elif not spare.pid:
+            log.debug("spare %d is warm", pid)  # requests from now on skip the fork
         spare.pid, spare.ready = pid, True
         if self.stopping:
             self._drop_spare(spare)
