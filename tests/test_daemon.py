@@ -518,7 +518,19 @@ def test_requests_go_on_when_the_zygote_dies(host, pod, plugins, start_daemon) -
         plugins.ok("loopback", command, LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
     daemon.wait_served(4)
     wait_for(lambda: len(daemon.named("pycni-spare")) == 2, "spares the daemon forks itself")
-    assert daemon.named("pycni-zygote") == []
+    wait_for(lambda: daemon.named("pycni-zygote") == [], "the zygote reaped")
+
+
+def test_a_child_no_request_waits_for_is_reaped(host, start_daemon) -> None:
+    """A spare killed while idle: reaped at once (no zombie waiting for some request's child
+    to exit), and replaced."""
+    daemon = start_daemon(host)
+    wait_for(lambda: len(daemon.named("pycni-spare")) == 2, "two spares")
+    spares = daemon.named("pycni-spare")
+    daemon.wait_warm(spares)
+    os.kill(spares[0], signal.SIGKILL)
+    wait_for(lambda: not Path(f"/proc/{spares[0]}").exists(), f"spare {spares[0]} reaped")
+    wait_for(lambda: len(daemon.named("pycni-spare")) == 2, "a new spare")
 
 
 def test_a_crashing_child_gets_an_error_reply(host, pod, plugins, start_daemon,

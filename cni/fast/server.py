@@ -521,7 +521,10 @@ class Server:
         self.sel.close()
 
     def _reap(self) -> None:
-        while self.jobs:
+        """Every child that has exited: a request's (answered here by its exit code), and
+        those no job waits for (a spare that died idle, the zygote, an orphan the subreaper
+        adopted), which would stay zombies until some request's child exited."""
+        while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
