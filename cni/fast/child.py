@@ -98,9 +98,9 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None,
         warm_requests(warm_netns)
         if warm_netns is not None:
             os.close(warm_netns)  # not for the request's child (a plugin may fork)
+        home = Home.here()  # still idle: it collects garbage
         if os.sched_getscheduler(0) != os.SCHED_OTHER:
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-        home = Home.here()
         for served in range(1, MAX_SERVED + 1):
             try:
                 ctl.sendall(SPARE_READY + _PID.pack(os.getpid()))
@@ -190,6 +190,8 @@ class Home(NamedTuple):
     @classmethod
     def here(cls) -> Home:
         drop_request_state()  # none between requests (warm-ups make none today)
+        gc.collect()  # garbage in cycles (the parent's, or a warm-up's) can hold fds: freed
+        # now, not by back_home's collect, where they would look closed by the request
         flags = os.O_RDONLY | os.O_CLOEXEC
         net = os.open("/proc/thread-self/ns/net", flags)
         mnt = os.open("/proc/thread-self/ns/mnt", flags)
