@@ -8,7 +8,6 @@ and share libcni's result cache (default /var/lib/cni, `--cache-dir` / PYCNI_CAC
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -17,6 +16,7 @@ from typing import Any, NoReturn
 
 import click
 
+from cni.host.digest import sha512_hex
 from cni.runtime.cache import DEFAULT_CACHE_DIR, go_json
 from cni.runtime.chain import Runtime, RuntimeConf, parse_valid_attachments
 from cni.runtime.conflist import DEFAULT_NETCONFPATH, NetworkConfigList, load
@@ -33,7 +33,7 @@ def fail(err: Exception) -> NoReturn:
 
 def container_id_for(netns: str) -> str:
     """cnitool's rule: "cnitool-" + hex(sha512(absolute netns path))[:20]."""
-    return "cnitool-" + hashlib.sha512(netns.encode()).hexdigest()[:20]
+    return "cnitool-" + sha512_hex(netns, 20)
 
 
 def abs_netns(netns: str) -> str:
