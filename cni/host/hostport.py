@@ -120,7 +120,7 @@ class Listing(NamedTuple):
         out: dict[str, tuple[str | None, str | None]] = {
             c: (None, None) for c in self.chains if c.startswith(RECORD_PREFIX)}
         for r in self.rules:
-            if str(r.get("chain", "")).startswith(RECORD_PREFIX):
+            if str(r.get("chain", "")).startswith(RECORD_PREFIX) and not is_meta(r):
                 sig = signature(r, allow_no_action=True)
                 ip = next((v for left, v in sig[1] if left.endswith("daddr")), None) \
                     if sig else None
@@ -184,6 +184,135 @@ def drop_chains_script(family: int, chains: Iterable[str]) -> str:
     t = f"{NFT_FAMILY[family]} {TABLE}"
     names = [nft.chain_name(c) for c in chains]
     return "".join(f"flush chain {t} {c}\ndelete chain {t} {c}\n" for c in names)
+
+
+# --- where an attachment's rules are, without listing anyone else's ---------------------------
+#
+# A record also says where its attachment's rules are, so DEL, CHECK and a fresh ADD read one
+# small chain instead of the whole table (whose size grows with every pod on the node). After the
+# ADD's batch, whose echo names the handles nft gave the rules, one more batch puts "meta" rules
+# at the head of the record (never jumped to, `continue` only):
+#
+#     continue comment "=h <chain> <handle>,<handle>"   the rules, by chain (as many as fit)
+#     continue comment "=u <port>,<port>"               UDP hostPorts (DEL's conntrack flush)
+#     continue comment "=s <16 hex>"                    digest of the rules as written (CHECK)
+#
+# Handles are unique in a table for its lifetime and the record lives in the same table, so a
+# recorded handle is that rule or no rule at all; nftables rules are never edited in place. When
+# a record has no meta (written by an older pycni, or the second batch never ran) or a handle is
+# gone (the reference's DEL removed the rules), the verbs fall back to listing the table.
+
+# A table may still hold rules in pycni's pre-v1.9 comment layout (written before an upgrade),
+# which no record points to: only a listing finds them. A verb that listed a family and left none
+# adds the empty chain NO_LEGACY to the table (old releases never made one, and they are the only
+# writers of that layout); from then on a fresh ADD and a DEL by record need no listing there.
+NO_LEGACY = "pycni-no-legacy"
+
+META_PREFIXES = ("=h ", "=u ", "=s ")
+_META_ROOM = 120  # bytes of one meta comment (nft keeps 128)
+
+
+class Record(NamedTuple):
+    """One family's record chain, read alone."""
+
+    handles: dict[str, list[int]]
+    udp: set[int]
+    digest: str | None
+
+    @property
+    def usable(self) -> bool:
+        return bool(self.handles) and self.digest is not None
+
+
+def is_meta(rule: dict[str, Any]) -> bool:
+    return str(rule.get("comment") or "").startswith(META_PREFIXES)
+
+
+def read_record(family: int, chain: str) -> Record | None:
+    """The record chain's meta, or None when there is no such chain (or table)."""
+    fam = NFT_FAMILY[family]
+    found = nft.list_json(nft.ident_family(fam, TABLE, f"chain {fam} {TABLE} "
+                                                       f"{nft.chain_name(chain)}"))
+    if not found:
+        return None
+    handles: dict[str, list[int]] = {}
+    udp: set[int] = set()
+    digest = None
+    for o in found:
+        words = str(o.get("rule", {}).get("comment") or "").split(" ")
+        if len(words) == 3 and words[0] == "=h" and words[1] in OWNED_CHAINS:
+            handles.setdefault(words[1], []).extend(int(h) for h in words[2].split(",")
+                                                    if h.isdigit())
+        elif len(words) == 2 and words[0] == "=u":
+            udp.update(int(p) for p in words[1].split(",") if p.isdigit())
+        elif len(words) == 2 and words[0] == "=s":
+            digest = words[1]
+    return Record(handles, udp, digest)
+
+
+def without_legacy(family: int) -> bool:
+    """No rule of the pre-v1.9 layout can be in this family's table: it says so (NO_LEGACY), or
+    there is no table yet (its entry chain is missing)."""
+    fam = NFT_FAMILY[family]
+    return bool(nft.list_json(f"chain {fam} {TABLE} {NO_LEGACY}")) or \
+        not nft.list_json(f"chain {fam} {TABLE} prerouting")
+
+
+def has_legacy(listing: Listing, dropped: list[dict[str, Any]]) -> bool:
+    """Whether a listed table keeps rules of the pre-v1.9 layout after `dropped` go."""
+    gone = {(r.get("chain"), r.get("handle")) for r in dropped}
+    return any(r.get("chain") in OWNED_CHAINS and " " in str(r.get("comment") or "")
+               and (r.get("chain"), r.get("handle")) not in gone for r in listing.rules)
+
+
+def no_legacy_script(family: int) -> str:
+    return f"add chain {NFT_FAMILY[family]} {TABLE} {NO_LEGACY}\n"
+
+
+def rules_digest(rules: Iterable[Rule]) -> str:
+    return sha256_hex("\n".join(sorted(f"{r.chain} {r.text()}" for r in rules)), 16)
+
+
+def echoed_handles(added: list[dict[str, Any]], comment: str) -> dict[int, dict[str, list[int]]]:
+    """family -> chain -> handles of the container rules an echoed batch added."""
+    out: dict[int, dict[str, list[int]]] = {}
+    family_of = {v: k for k, v in NFT_FAMILY.items()}
+    for obj in added:
+        r = obj.get("rule")
+        if r and r.get("table") == TABLE and r.get("chain") in OWNED_CHAINS \
+                and r.get("comment") == comment and r.get("family") in family_of:
+            out.setdefault(family_of[r["family"]], {}).setdefault(r["chain"], []).append(
+                int(r["handle"]))
+    return out
+
+
+def meta_script(family: int, chain: str, handles: dict[str, list[int]], udp: set[int],
+                digest: str) -> str:
+    """Insert the meta rules at the head of a record chain (after its ADD's batch)."""
+    t = f"{NFT_FAMILY[family]} {TABLE} {nft.chain_name(chain)}"
+    comments = [f"=s {digest}"]
+    comments += _chunks("=u", [str(p) for p in sorted(udp)])
+    for owned, found in sorted(handles.items()):
+        comments += _chunks(f"=h {owned}", [str(h) for h in found])
+    return "".join(f"insert rule {t} continue comment {nft.quote(c)}\n"
+                   for c in reversed(comments))
+
+
+def _chunks(head: str, items: list[str]) -> list[str]:
+    out: list[str] = []
+    for item in items:
+        if out and len(out[-1]) + 1 + len(item) <= _META_ROOM:
+            out[-1] += "," + item
+        else:
+            out.append(f"{head} {item}")
+    return out
+
+
+def handles_script(family: int, handles: dict[str, list[int]]) -> str:
+    """Delete these rules of our table by handle (one batch with other work)."""
+    return nft.delete_rules_script([{"family": NFT_FAMILY[family], "table": TABLE,
+                                     "chain": c, "handle": h}
+                                    for c, found in sorted(handles.items()) for h in found])
 
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_.@=+,\-]+$")

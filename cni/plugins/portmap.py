@@ -54,17 +54,37 @@ def add(req: Request) -> Result:
     if rules:
         comment, chain = owner(req), record(req)
         families = {r.family for r in rules}
+        records = {f: hostport.read_record(f, chain) for f in hostport.NFT_FAMILY}
+        # A fresh attachment (no record) or one whose record says where its rules are needs no
+        # listing of the table, once no rule of the pre-v1.9 layout can be there; anything
+        # else lists it.
+        fast = all(rec is None or rec.usable for rec in records.values()) and \
+            all(hostport.without_legacy(f) for f in families)
 
-        def script() -> str:
+        def script(attempt: int) -> str:
+            if fast and attempt == 0:
+                replace = "".join(hostport.handles_script(f, rec.handles)
+                                  for f, rec in records.items() if rec is not None)
+                return hostport.add_script(
+                    rules, comment, conditions, conf.snat, replace=[],
+                    records={f: (chain, ip) for f, ip in ips.items() if f in families},
+                    drop_records={f: [chain] for f, rec in records.items()
+                                  if f not in families and rec is not None}) + replace \
+                    + "".join(hostport.no_legacy_script(f) for f in sorted(families))
             listings = {f: _listed(f) for f in hostport.NFT_FAMILY}
+            replace = {f: _ours(req, lst) for f, lst in listings.items()}
             return hostport.add_script(
                 rules, comment, conditions, conf.snat,
-                replace=[r for lst in listings.values() for r in _ours(req, lst)],
+                replace=[r for found in replace.values() for r in found],
                 records={f: (chain, ip) for f, ip in ips.items() if f in families},
                 drop_records={f: [chain] for f, lst in listings.items()
-                              if f not in families and chain in lst.chains})
+                              if f not in families and chain in lst.chains}) \
+                + "".join(hostport.no_legacy_script(f) for f in sorted(families)
+                          if not hostport.has_legacy(listings[f], replace[f]))
 
-        _apply(script)
+        added = _apply(script)
+        udp = {m.host_port for m in mappings if m.protocol == "udp"}
+        _write_meta(req, chain, rules, hostport.echoed_handles(added, comment), udp)
         if conf.snat and 4 in ips:
             hostport.route_localnet_toward(ips[4])
         # After the rules are in, so the next packet of a stale UDP flow meets them.
@@ -76,9 +96,12 @@ def add(req: Request) -> Result:
 def delete(req: Request) -> None:
     parse_config(req, for_del=True)
     chain = record(req)
-    found = _delete_found(lambda lst: (_ours(req, lst),
-                                       [chain] if chain in lst.chains else []))
-    _flush_udp(req, {family: hostport.udp_host_ports(rules) for family, rules in found.items()})
+    udp = _delete_by_record(chain)
+    if udp is None:
+        found = _delete_found(lambda lst: (_ours(req, lst),
+                                           [chain] if chain in lst.chains else []))
+        udp = {family: hostport.udp_host_ports(rules) for family, rules in found.items()}
+    _flush_udp(req, udp)
 
 
 def check(req: Request) -> None:
@@ -91,6 +114,9 @@ def check(req: Request) -> None:
     ips = container_ips(req.prev_result, req.ifname)
     expected = hostport.container_rules(ips, mappings, conf.snat, conf.masqAll)
     for family in ips:
+        mine = [r for r in expected if r.family == family]
+        if _checked_by_record(family, record(req), mine):
+            continue
         listing = _listed(family)
         if not hostport.entry_rules_present(listing.rules):
             raise CNIError(Code.INTERNAL, f"{hostport.NFT_FAMILY[family]} {hostport.TABLE}: "
@@ -258,6 +284,65 @@ def _ours(req: Request, listing: hostport.Listing) -> list[dict[str, Any]]:
             + listing.owned(legacy))
 
 
+def _write_meta(req: Request, chain: str, rules: list[hostport.Rule],
+                handles: dict[int, dict[str, list[int]]], udp: set[int]) -> None:
+    """Record where the rules just added are (see cni.host.hostport); without it the next verb
+    lists the table, so a failure here only costs time."""
+    script = "".join(
+        hostport.meta_script(f, chain, handles.get(f, {}), udp,
+                             hostport.rules_digest(r for r in rules if r.family == f))
+        for f in sorted({r.family for r in rules}))
+    try:
+        nft.run(script)
+    except (nft.NftError, ValueError) as e:
+        req.log(f"portmap: could not record the rules' handles ({e}); the next DEL lists")
+
+
+def _records(chain: str) -> dict[int, hostport.Record] | None:
+    """The attachment's records, when there is one that says where its rules are, and no
+    record that does not; else None (list the table instead)."""
+    try:
+        found = {f: hostport.read_record(f, chain) for f in hostport.NFT_FAMILY}
+    except nft.NftUnavailable as e:
+        raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
+    records = {f: rec for f, rec in found.items() if rec is not None}
+    if not records or not all(rec.usable for rec in records.values()):
+        return None
+    return records
+
+
+def _delete_by_record(chain: str) -> dict[int, set[int]] | None:
+    """DEL by the record alone: its rules by handle and the record chain, one batch; the UDP
+    hostPorts per family. None when that is not possible (then the caller lists)."""
+    records = _records(chain)
+    if records is None or not all(hostport.without_legacy(f) for f in records):
+        return None
+    script = "".join(hostport.handles_script(f, rec.handles)
+                     + hostport.drop_chains_script(f, [chain]) for f, rec in records.items())
+    try:
+        nft.run(script)
+    except nft.NftError:
+        return None  # a rule is gone already (the reference's DEL, a race): list and retry
+    return {f: rec.udp for f, rec in records.items()}
+
+
+def _checked_by_record(family: int, chain: str, expected: list[hostport.Rule]) -> bool:
+    """Whether the record proves the expected rules are in place: written for exactly these
+    rules, every recorded handle still in its chain (nft's dry run asks the kernel), and the
+    entry chains jumping to hostports_all. False means "list and look" (which names what is
+    missing), never "missing"."""
+    try:
+        rec = hostport.read_record(family, chain)
+        if rec is None or not rec.usable or rec.digest != hostport.rules_digest(expected):
+            return False
+        fam = hostport.NFT_FAMILY[family]
+        entry = [r for c in ("prerouting", "output") for r in nft.rules(fam, hostport.TABLE, c)]
+        return hostport.entry_rules_present(entry) and \
+            nft.check(hostport.handles_script(family, rec.handles)) is None
+    except nft.NftUnavailable as e:
+        raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
+
+
 def _delete_found(find: Callable[[hostport.Listing],
                                  tuple[list[dict[str, Any]], list[str]]]
                   ) -> dict[int, list[dict[str, Any]]]:
@@ -265,7 +350,7 @@ def _delete_found(find: Callable[[hostport.Listing],
     (listed afresh on each try), and return the rules (for the UDP conntrack flush)."""
     found: dict[int, list[dict[str, Any]]] = {}
 
-    def script() -> str:
+    def script(_attempt: int) -> str:
         text = ""
         for family in hostport.NFT_FAMILY:
             rules, chains = find(_listed(family))
@@ -278,21 +363,22 @@ def _delete_found(find: Callable[[hostport.Listing],
     return found
 
 
-def _apply(script: Callable[[], str]) -> None:
-    """Run the batch built from a fresh listing; rebuild and retry if it raced another."""
+def _apply(script: Callable[[int], str]) -> list[dict[str, Any]]:
+    """Run the batch script(attempt) builds (a retry lists afresh), rebuilt and retried if it
+    raced another; what nft echoed of the objects it added."""
     for attempt in range(_RETRIES):
-        text = script()
+        text = script(attempt)
         if not text:
-            return
+            return []
         try:
-            nft.run(text)
-            return
+            return nft.run_echo(text)
         except nft.NftUnavailable as e:
             raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
         except nft.NftError as e:
             if attempt == _RETRIES - 1:
                 raise CNIError(Code.INTERNAL,
                                f"unable to set up nftables rules for port mappings: {e}") from None
+    return []
 
 
 def _flush_udp(req: Request, ports: dict[int, set[int]]) -> None:
