@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from cni.host import lean_pyroute2, masq, nft
+from cni.host import lean_pyroute2, masq, nft, nftrecord
 from cni.host.digest import sha256_hex, sha512_hex
 
 lean_pyroute2.install()  # pyroute2 is imported below by submodule only (see lean_pyroute2)
@@ -120,7 +120,7 @@ class Listing(NamedTuple):
         out: dict[str, tuple[str | None, str | None]] = {
             c: (None, None) for c in self.chains if c.startswith(RECORD_PREFIX)}
         for r in self.rules:
-            if str(r.get("chain", "")).startswith(RECORD_PREFIX) and not is_meta(r):
+            if str(r.get("chain", "")).startswith(RECORD_PREFIX) and not nftrecord.is_meta(r):
                 sig = signature(r, allow_no_action=True)
                 ip = next((v for left, v in sig[1] if left.endswith("daddr")), None) \
                     if sig else None
@@ -171,13 +171,11 @@ def container_ip(rule: dict[str, Any]) -> str | None:
     return next((v for left, v in sig[1] if left.endswith("daddr")), None)
 
 
-def record_script(family: int, chain: str, ip: str, comment: str) -> str:
-    """(Re)write one attachment's record in this family."""
+def record_rule(family: int, chain: str, ip: str, comment: str) -> str:
+    """The rule of one attachment's record naming its container IP (the chain's last rule)."""
     t = f"{NFT_FAMILY[family]} {TABLE}"
-    name = nft.chain_name(chain)
-    return (f"add chain {t} {name}\nflush chain {t} {name}\n"
-            f"add rule {t} {name} {NFT_FAMILY[family]} daddr {ipaddress.ip_address(ip)} "
-            f"comment {nft.quote(comment)}\n")
+    return (f"add rule {t} {nft.chain_name(chain)} {NFT_FAMILY[family]} daddr "
+            f"{ipaddress.ip_address(ip)} comment {nft.quote(comment)}\n")
 
 
 def drop_chains_script(family: int, chains: Iterable[str]) -> str:
@@ -188,32 +186,22 @@ def drop_chains_script(family: int, chains: Iterable[str]) -> str:
 
 # --- where an attachment's rules are, without listing anyone else's ---------------------------
 #
-# A record also says where its attachment's rules are, so DEL, CHECK and a fresh ADD read one
-# small chain instead of the whole table (whose size grows with every pod on the node). After the
-# ADD's batch, whose echo names the handles nft gave the rules, one more batch puts "meta" rules
-# at the head of the record (never jumped to, `continue` only):
+# The record also says where its attachment's rules are (cni.host.nftrecord: the record chain
+# made afresh right before them in the ADD's batch, the rules' handle offsets in meta rules), so
+# DEL, CHECK and a fresh ADD read one small chain instead of the whole table, whose size grows
+# with every pod on the node. Facts kept: "u" the UDP hostPorts (DEL's conntrack flush), "s" a
+# digest of the rules as written (CHECK). The record's IP rule stays its chain's last rule.
 #
-#     continue comment "=h <chain> <handle>,<handle>"   the rules, by chain (as many as fit)
-#     continue comment "=u <port>,<port>"               UDP hostPorts (DEL's conntrack flush)
-#     continue comment "=s <16 hex>"                    digest of the rules as written (CHECK)
-#
-# Handles are unique in a table for its lifetime and the record lives in the same table, so a
-# recorded handle is that rule or no rule at all; nftables rules are never edited in place. When
-# a record has no meta (written by an older pycni, or the second batch never ran) or a handle is
-# gone (the reference's DEL removed the rules), the verbs fall back to listing the table.
+# A table may also still hold rules in pycni's pre-v1.9 comment layout (written before an
+# upgrade), which no record points to: only a listing finds them. A batch that knows there are
+# none adds the empty chain NO_LEGACY to the table (old releases never made one, and they are
+# the only writers of that layout); from then on a fresh ADD and a DEL by record list nothing.
 
-# A table may still hold rules in pycni's pre-v1.9 comment layout (written before an upgrade),
-# which no record points to: only a listing finds them. A verb that listed a family and left none
-# adds the empty chain NO_LEGACY to the table (old releases never made one, and they are the only
-# writers of that layout); from then on a fresh ADD and a DEL by record need no listing there.
 NO_LEGACY = "pycni-no-legacy"
-
-META_PREFIXES = ("=h ", "=u ", "=s ")
-_META_ROOM = 120  # bytes of one meta comment (nft keeps 128)
 
 
 class Record(NamedTuple):
-    """One family's record chain, read alone."""
+    """One family's record, read alone."""
 
     handles: dict[str, list[int]]
     udp: set[int]
@@ -224,30 +212,17 @@ class Record(NamedTuple):
         return bool(self.handles) and self.digest is not None
 
 
-def is_meta(rule: dict[str, Any]) -> bool:
-    return str(rule.get("comment") or "").startswith(META_PREFIXES)
-
-
 def read_record(family: int, chain: str) -> Record | None:
     """The record chain's meta, or None when there is no such chain (or table)."""
-    fam = NFT_FAMILY[family]
-    found = nft.list_json(nft.ident_family(fam, TABLE, f"chain {fam} {TABLE} "
-                                                       f"{nft.chain_name(chain)}"))
-    if not found:
+    rec = nftrecord.read(NFT_FAMILY[family], TABLE, chain, OWNED_CHAINS)
+    if rec is None:
         return None
-    handles: dict[str, list[int]] = {}
-    udp: set[int] = set()
-    digest = None
-    for o in found:
-        words = str(o.get("rule", {}).get("comment") or "").split(" ")
-        if len(words) == 3 and words[0] == "=h" and words[1] in OWNED_CHAINS:
-            handles.setdefault(words[1], []).extend(int(h) for h in words[2].split(",")
-                                                    if h.isdigit())
-        elif len(words) == 2 and words[0] == "=u":
-            udp.update(int(p) for p in words[1].split(",") if p.isdigit())
-        elif len(words) == 2 and words[0] == "=s":
-            digest = words[1]
-    return Record(handles, udp, digest)
+    return Record(rec.handles, {int(p) for p in rec.fact("u") if p.isdigit()},
+                  next(iter(rec.fact("s")), None))
+
+
+def handles_script(family: int, handles: dict[str, list[int]]) -> str:
+    return nftrecord.handles_script(NFT_FAMILY[family], TABLE, handles)
 
 
 def without_legacy(family: int) -> bool:
@@ -265,54 +240,14 @@ def has_legacy(listing: Listing, dropped: list[dict[str, Any]]) -> bool:
                and (r.get("chain"), r.get("handle")) not in gone for r in listing.rules)
 
 
-def no_legacy_script(family: int) -> str:
-    return f"add chain {NFT_FAMILY[family]} {TABLE} {NO_LEGACY}\n"
-
-
 def rules_digest(rules: Iterable[Rule]) -> str:
     return sha256_hex("\n".join(sorted(f"{r.chain} {r.text()}" for r in rules)), 16)
 
 
-def echoed_handles(added: list[dict[str, Any]], comment: str) -> dict[int, dict[str, list[int]]]:
-    """family -> chain -> handles of the container rules an echoed batch added."""
-    out: dict[int, dict[str, list[int]]] = {}
-    family_of = {v: k for k, v in NFT_FAMILY.items()}
-    for obj in added:
-        r = obj.get("rule")
-        if r and r.get("table") == TABLE and r.get("chain") in OWNED_CHAINS \
-                and r.get("comment") == comment and r.get("family") in family_of:
-            out.setdefault(family_of[r["family"]], {}).setdefault(r["chain"], []).append(
-                int(r["handle"]))
-    return out
-
-
-def meta_script(family: int, chain: str, handles: dict[str, list[int]], udp: set[int],
-                digest: str) -> str:
-    """Insert the meta rules at the head of a record chain (after its ADD's batch)."""
-    t = f"{NFT_FAMILY[family]} {TABLE} {nft.chain_name(chain)}"
-    comments = [f"=s {digest}"]
-    comments += _chunks("=u", [str(p) for p in sorted(udp)])
-    for owned, found in sorted(handles.items()):
-        comments += _chunks(f"=h {owned}", [str(h) for h in found])
-    return "".join(f"insert rule {t} continue comment {nft.quote(c)}\n"
-                   for c in reversed(comments))
-
-
-def _chunks(head: str, items: list[str]) -> list[str]:
-    out: list[str] = []
-    for item in items:
-        if out and len(out[-1]) + 1 + len(item) <= _META_ROOM:
-            out[-1] += "," + item
-        else:
-            out.append(f"{head} {item}")
-    return out
-
-
-def handles_script(family: int, handles: dict[str, list[int]]) -> str:
-    """Delete these rules of our table by handle (one batch with other work)."""
-    return nft.delete_rules_script([{"family": NFT_FAMILY[family], "table": TABLE,
-                                     "chain": c, "handle": h}
-                                    for c, found in sorted(handles.items()) for h in found])
+def _facts(rules: list[Rule]) -> dict[str, list[str]]:
+    udp = sorted({int(v) for r in rules if r.chain == HOSTPORTS
+                  for left, v in r.matches if left == "udp dport"})
+    return {"s": [rules_digest(rules)], "u": [str(p) for p in udp]}
 
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_.@=+,\-]+$")
@@ -402,18 +337,26 @@ def _skeleton(family: int, conditions: str, snat: bool) -> str:
 
 def add_script(rules: list[Rule], comment: str, conditions: dict[int, str], snat: bool,
                replace: list[dict[str, Any]], records: dict[int, tuple[str, str]],
-               drop_records: dict[int, list[str]]) -> str:
+               drop_records: dict[int, list[str]], clean: set[int]) -> str:
     """One batch: the skeleton of each family in use, drop `replace` (our older rules) and the
-    `drop_records` chains, add the rules and (re)write each family's record (chain, IP)."""
+    `drop_records` chains; then per family the record chain made afresh, the rules right after
+    it, the record's IP and meta (see above); NO_LEGACY in the `clean` families."""
     families = sorted({r.family for r in rules})
     script = "".join(_skeleton(f, conditions.get(f, ""), snat) for f in families)
     script += nft.delete_rules_script(replace)
     script += "".join(drop_chains_script(f, chains) for f, chains in drop_records.items())
     quoted = nft.quote(comment)
-    script += "".join(f"add rule {NFT_FAMILY[r.family]} {TABLE} {r.chain} {r.text()} "
-                      f"comment {quoted}\n" for r in rules)
-    script += "".join(record_script(f, chain, ip, comment)
-                      for f, (chain, ip) in sorted(records.items()) if f in families)
+    for f in families:
+        t = f"{NFT_FAMILY[f]} {TABLE}"
+        chain, ip = records[f]
+        mine = [r for r in rules if r.family == f]
+        script += nftrecord.fresh_chain_script(NFT_FAMILY[f], TABLE, chain)
+        script += "".join(f"add rule {t} {r.chain} {r.text()} comment {quoted}\n" for r in mine)
+        script += nftrecord.meta_script(NFT_FAMILY[f], TABLE, chain, [r.chain for r in mine],
+                                        _facts(mine))
+        script += record_rule(f, chain, ip, comment)
+        if f in clean:
+            script += f"add chain {t} {NO_LEGACY}\n"
     return script
 
 

@@ -65,22 +65,6 @@ def run(script: str) -> None:
         raise NftError(f"nft: {err.strip() or 'failed'}")
 
 
-def run_echo(script: str) -> list[dict[str, Any]]:
-    """`run`, and what nft echoes of the objects the batch added (rules with their handles)."""
-    nft = _nft()
-    nft.set_json_output(True)
-    nft.set_echo_output(True)
-    try:
-        rc, out, err = nft.cmd(script)
-    finally:
-        nft.set_echo_output(False)
-        nft.set_json_output(False)
-    if rc != 0:
-        raise NftError(f"nft: {err.strip() or 'failed'}")
-    added = json.loads(out).get("nftables", []) if out.strip() else []
-    return [o["add"] for o in added if "add" in o]
-
-
 def check(script: str) -> str | None:
     """nft's verdict on a script without applying it (libnftables dry run: parsed and evaluated,
     nothing committed); None when nft accepts it, else nft's error."""

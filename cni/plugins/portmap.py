@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from cni import skel
-from cni.host import conntrack, hostport, nft
+from cni.host import conntrack, hostport, nft, nftrecord
 from cni.host.hostport import Mapping
 from cni.skel import Request
 from cni.spec import keys
@@ -63,14 +63,14 @@ def add(req: Request) -> Result:
 
         def script(attempt: int) -> str:
             if fast and attempt == 0:
-                replace = "".join(hostport.handles_script(f, rec.handles)
-                                  for f, rec in records.items() if rec is not None)
                 return hostport.add_script(
-                    rules, comment, conditions, conf.snat, replace=[],
+                    rules, comment, conditions, conf.snat,
+                    replace=[],
                     records={f: (chain, ip) for f, ip in ips.items() if f in families},
                     drop_records={f: [chain] for f, rec in records.items()
-                                  if f not in families and rec is not None}) + replace \
-                    + "".join(hostport.no_legacy_script(f) for f in sorted(families))
+                                  if f not in families and rec is not None},
+                    clean=families) + "".join(hostport.handles_script(f, rec.handles)
+                                              for f, rec in records.items() if rec is not None)
             listings = {f: _listed(f) for f in hostport.NFT_FAMILY}
             replace = {f: _ours(req, lst) for f, lst in listings.items()}
             return hostport.add_script(
@@ -78,13 +78,10 @@ def add(req: Request) -> Result:
                 replace=[r for found in replace.values() for r in found],
                 records={f: (chain, ip) for f, ip in ips.items() if f in families},
                 drop_records={f: [chain] for f, lst in listings.items()
-                              if f not in families and chain in lst.chains}) \
-                + "".join(hostport.no_legacy_script(f) for f in sorted(families)
-                          if not hostport.has_legacy(listings[f], replace[f]))
+                              if f not in families and chain in lst.chains},
+                clean={f for f in families if not hostport.has_legacy(listings[f], replace[f])})
 
-        added = _apply(script)
-        udp = {m.host_port for m in mappings if m.protocol == "udp"}
-        _write_meta(req, chain, rules, hostport.echoed_handles(added, comment), udp)
+        _apply(script)
         if conf.snat and 4 in ips:
             hostport.route_localnet_toward(ips[4])
         # After the rules are in, so the next packet of a stale UDP flow meets them.
@@ -284,20 +281,6 @@ def _ours(req: Request, listing: hostport.Listing) -> list[dict[str, Any]]:
             + listing.owned(legacy))
 
 
-def _write_meta(req: Request, chain: str, rules: list[hostport.Rule],
-                handles: dict[int, dict[str, list[int]]], udp: set[int]) -> None:
-    """Record where the rules just added are (see cni.host.hostport); without it the next verb
-    lists the table, so a failure here only costs time."""
-    script = "".join(
-        hostport.meta_script(f, chain, handles.get(f, {}), udp,
-                             hostport.rules_digest(r for r in rules if r.family == f))
-        for f in sorted({r.family for r in rules}))
-    try:
-        nft.run(script)
-    except (nft.NftError, ValueError) as e:
-        req.log(f"portmap: could not record the rules' handles ({e}); the next DEL lists")
-
-
 def _records(chain: str) -> dict[int, hostport.Record] | None:
     """The attachment's records, when there is one that says where its rules are, and no
     record that does not; else None (list the table instead)."""
@@ -338,7 +321,7 @@ def _checked_by_record(family: int, chain: str, expected: list[hostport.Rule]) -
         fam = hostport.NFT_FAMILY[family]
         entry = [r for c in ("prerouting", "output") for r in nft.rules(fam, hostport.TABLE, c)]
         return hostport.entry_rules_present(entry) and \
-            nft.check(hostport.handles_script(family, rec.handles)) is None
+            nftrecord.present(hostport.NFT_FAMILY[family], hostport.TABLE, rec.handles)
     except nft.NftUnavailable as e:
         raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
 
@@ -363,22 +346,22 @@ def _delete_found(find: Callable[[hostport.Listing],
     return found
 
 
-def _apply(script: Callable[[int], str]) -> list[dict[str, Any]]:
+def _apply(script: Callable[[int], str]) -> None:
     """Run the batch script(attempt) builds (a retry lists afresh), rebuilt and retried if it
-    raced another; what nft echoed of the objects it added."""
+    raced another."""
     for attempt in range(_RETRIES):
         text = script(attempt)
         if not text:
-            return []
+            return
         try:
-            return nft.run_echo(text)
+            nft.run(text)
+            return
         except nft.NftUnavailable as e:
             raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
         except nft.NftError as e:
             if attempt == _RETRIES - 1:
                 raise CNIError(Code.INTERNAL,
                                f"unable to set up nftables rules for port mappings: {e}") from None
-    return []
 
 
 def _flush_udp(req: Request, ports: dict[int, set[int]]) -> None:
