@@ -157,6 +157,22 @@ class Store:
                 return found
         return []
 
+    def holds(self, container_id: str, ifname: str, ips: list[str]) -> bool:
+        """Whether each of these IPs' files names the attachment: reading them alone, not the
+        whole store (which holds one file per pod on the node). False for an empty list."""
+        want = key(container_id, ifname)
+        return bool(ips) and all(not is_special(ip) and "/" not in ip
+                                 and (self.read(ip) or "").strip() == want for ip in ips)
+
+    def release_known(self, container_id: str, ifname: str, ips: list[str]) -> bool:
+        """Release the attachment when the caller knows its IPs (the previous result) and each
+        file names it; False (nothing done) otherwise, for `release` to look everywhere."""
+        if not self.holds(container_id, ifname, ips):
+            return False
+        for ip in ips:
+            self._unlink(ip)
+        return True
+
     def release(self, container_id: str, ifname: str) -> list[str]:
         """The reference's ReleaseByID: remove the attachment's files; only if there are none,
         files holding the container ID alone (written by old versions)."""

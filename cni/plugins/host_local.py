@@ -68,8 +68,10 @@ def _owned(store: Store, conf: ipam_config.IPAMConfig, cid: str, ifname: str) ->
 def delete(req: Request) -> None:
     _validate(req)
     conf = _load(req)
+    known = [str(ip) for ip in _prev_ips(req, conf)]
     with Store(conf.data_dir, conf.name) as store:
-        store.release(req.container_id, req.ifname)
+        if not store.release_known(req.container_id, req.ifname, known):
+            store.release(req.container_id, req.ifname)
 
 
 def check(req: Request) -> None:
@@ -77,13 +79,16 @@ def check(req: Request) -> None:
     previous result lists is still reserved for it."""
     _validate(req)
     conf = _load(req)
+    prev = _prev_ips(req, conf)
     with Store(conf.data_dir, conf.name) as store:
+        if store.holds(req.container_id, req.ifname, [str(ip) for ip in prev]):
+            return  # every address of the previous result is the attachment's: no scan
         held = store.find(req.container_id, req.ifname)
     if not held:
         raise CNIError(Code.INTERNAL,
                        f"host-local: Failed to find address added by container {req.container_id}")
     held_ips = {parse_ip(name) for name in held}
-    for ip in _prev_ips(req, conf):
+    for ip in prev:
         if ip not in held_ips:
             raise CNIError(Code.INTERNAL, f"host-local: address {ip} of the previous result is "
                            f"not reserved for {req.container_id}/{req.ifname}")
