@@ -15,7 +15,8 @@ HEAVY_MODULES = ("cni.spec.config", "nftables", "cni.skel")  # config: pydantic-
 # Imported inside functions on the request path: imported here, or every child pays for it
 # (bandwidth's tc/ifb/peer alone cost ~3 ms a request: module bodies, dataclass builds);
 # subprocess for an IPAM plugin that is not ours (~2.5 ms).
-LAZY_MODULES = ("pyroute2.netlink.exceptions", "traceback", "subprocess")
+LAZY_MODULES = ("pyroute2.netlink.exceptions", "traceback", "subprocess",
+                "pyroute2.netlink.nfnetlink.nftsocket")  # CHECK's nftables rule by handle
 PACKAGES = ("cni.spec", "cni.host", "cni.ipam", "cni.plugins")  # every module in them, too
 
 

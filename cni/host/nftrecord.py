@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from cni.host import nft
+from cni.host import lean_pyroute2, nft
 
+lean_pyroute2.install()  # pyroute2 is imported below by submodule only (see lean_pyroute2)
 _ROOM = 120  # bytes of one meta comment (nft keeps 128)
 
 
@@ -104,6 +105,31 @@ def handles_script(family: str, table: str, handles: dict[str, list[int]]) -> st
                                     for c, found in sorted(handles.items()) for h in found])
 
 
+# nfgen families of nft's family names (NFPROTO_*), for asking the kernel for one rule
+NFPROTO = {"inet": 1, "ip": 2, "arp": 3, "netdev": 5, "bridge": 7, "ip6": 10}
+
+
 def present(family: str, table: str, handles: dict[str, list[int]]) -> bool:
-    """Every one of these rules is still in its chain (nft's dry run asks the kernel)."""
-    return bool(handles) and nft.check(handles_script(family, table, handles)) is None
+    """Every one of these rules is still in its chain. The kernel answers one rule by table,
+    chain and handle (NFT_MSG_GETRULE without a dump; nft's CLI has no such query), through
+    pyroute2's NFTSocket."""
+    if not handles:
+        return False
+    from pyroute2.netlink import NLM_F_REQUEST
+    from pyroute2.netlink.exceptions import NetlinkError
+    from pyroute2.netlink.nfnetlink.nftsocket import NFT_MSG_GETRULE, NFTSocket, nft_rule_msg
+
+    sock = NFTSocket(nfgen_family=NFPROTO[family])
+    try:
+        for chain, found in handles.items():
+            for handle in found:
+                msg = nft_rule_msg()
+                msg["attrs"] = [("NFTA_RULE_TABLE", table), ("NFTA_RULE_CHAIN", chain),
+                                ("NFTA_RULE_HANDLE", handle)]
+                try:
+                    sock.request_get(msg, NFT_MSG_GETRULE, msg_flags=NLM_F_REQUEST)
+                except NetlinkError:
+                    return False  # ENOENT: gone (or the chain or table is)
+    finally:
+        sock.close()
+    return True
