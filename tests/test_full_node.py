@@ -26,6 +26,7 @@ from test_daemon import start_daemon  # noqa: F401 (a fixture)
 from cni.host import hostport, masq, tc
 from cni.runtime.chain import Runtime, RuntimeConf
 from cni.runtime.conflist import from_bytes
+from cni.spec.errors import CNIError
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -139,6 +140,18 @@ def test_a_full_node_of_250_attachments(host: Netns, netns_factory, start_daemon
             assert kinds(host, veth) == ["ingress", "tbf"]
     finally:
         servers.stop()
+
+    # CHECK through the daemon (which asks the kernel for recorded rules by handle) sees a rule
+    # gone; DEL then finds the rest by listing
+    first, second = rules.get(atts[0].container_id, []), rules.get(
+        masq.comment(NETWORK, "eth0", atts[1].container_id), [])
+    for rule in (next(r for r in first if r["chain"] == "hostports"), second[0]):
+        host.run("nft", "delete", "rule", rule["family"], rule["table"], rule["chain"],
+                 "handle", str(rule["handle"]))
+    for rt, why in ((atts[0], "missing hostport rule"), (atts[1], "masquerade rule")):
+        with ThreadPoolExecutor(1, initializer=in_host, initargs=(host,)) as pool, \
+                pytest.raises(CNIError, match=why):
+            pool.submit(runtime.check, conf, rt).result()
 
     # DEL of every one leaves nothing
     with ThreadPoolExecutor(WORKERS, initializer=in_host, initargs=(host,)) as pool:

@@ -16,7 +16,7 @@ HEAVY_MODULES = ("cni.spec.config", "nftables", "cni.skel")  # config: pydantic-
 # (bandwidth's tc/ifb/peer alone cost ~3 ms a request: module bodies, dataclass builds);
 # subprocess for an IPAM plugin that is not ours (~2.5 ms).
 LAZY_MODULES = ("pyroute2.netlink.exceptions", "traceback", "subprocess",
-                "pyroute2.netlink.nfnetlink.nftsocket")  # CHECK's nftables rule by handle
+                "pyroute2.netlink.nfnetlink.nftsocket")  # cni.host.nftrecord.present
 PACKAGES = ("cni.spec", "cni.host", "cni.ipam", "cni.plugins")  # every module in them, too
 
 

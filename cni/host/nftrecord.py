@@ -18,6 +18,7 @@ DEL removed the rules) lists the table as before.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, NamedTuple
 
 from cni.host import lean_pyroute2, nft
@@ -105,6 +106,7 @@ def handles_script(family: str, table: str, handles: dict[str, list[int]]) -> st
                                     for c, found in sorted(handles.items()) for h in found])
 
 
+_NFTSOCKET = "pyroute2.netlink.nfnetlink.nftsocket"
 # nfgen families of nft's family names (NFPROTO_*), for asking the kernel for one rule
 NFPROTO = {"inet": 1, "ip": 2, "arp": 3, "netdev": 5, "bridge": 7, "ip6": 10}
 
@@ -112,8 +114,10 @@ NFPROTO = {"inet": 1, "ip": 2, "arp": 3, "netdev": 5, "bridge": 7, "ip6": 10}
 def present(family: str, table: str, handles: dict[str, list[int]]) -> bool:
     """Every one of these rules is still in its chain. The kernel answers one rule by table,
     chain and handle (NFT_MSG_GETRULE without a dump; nft's CLI has no such query), through
-    pyroute2's NFTSocket."""
-    if not handles:
+    pyroute2's NFTSocket. False when that module is not loaded yet: the daemon preloads it,
+    while an exec without the daemon would import asyncio for it (~40 ms, more than the
+    listing the caller falls back to costs even on a full node)."""
+    if not handles or _NFTSOCKET not in sys.modules:
         return False
     from pyroute2.netlink import NLM_F_REQUEST
     from pyroute2.netlink.exceptions import NetlinkError
