@@ -425,6 +425,7 @@ def run_section(tmp: Path, pycni_bin: Path, start_daemon: Any) -> list[str]:
         where.mkdir(parents=True, exist_ok=True)  # as scripts/test.sh: a tmpfs over it, here only
         subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "pycni-bench", str(where)],
                        check=True)
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)  # to come back to
     f = Figures()
     steps = fills()
     ref = Node("reference v1.9.1", REFERENCE_V19, "fullref", "10.60.0.0/16", tmp)
@@ -454,6 +455,8 @@ def run_section(tmp: Path, pycni_bin: Path, start_daemon: Any) -> list[str]:
             node.close()
         for where in (CACHE_DIR, MARKERS):
             subprocess.run(["umount", str(where)], check=False)
+        _libc.setns(home, CLONE_NEWNET)
+        os.close(home)
     errors = [f"[{n.name}] {e}" for n in nodes for e in n.errors]
     return report(f, steps, [n.name for n in nodes], errors)
 
@@ -467,7 +470,7 @@ def report(f: Figures, steps: list[int], names: list[str], errors: list[str]) ->
              f"cnitool 1.3 driving bridge (ipMasq, nftables, host-local /16) + portmap "
              f"(nftables, one hostPort) + bandwidth; {ref} and {ours} interleaved, each in its "
              f"own throwaway host netns. At each fill: {MEASURED} pods ADDed, CHECKed, DELed "
-             f"one at a time (cnitool wall ms, median / p90), {PARALLEL} pods ADDed at once "
+             f"one at a time (cnitool wall ms, median / max), {PARALLEL} pods ADDed at once "
              "(wall ms). Growth = cost at the fill / cost at the first fill; "
              "vs ref = ours / reference at the same fill.",
              f"- load (1-min average, {os.cpu_count()} CPUs): "
