@@ -347,7 +347,9 @@ def profile_verbs(node: Node, fill: int, into: dict[tuple[int, str], Any]) -> No
     import cProfile
 
     from cni import skel
+    from cni.fast import preload
 
+    preload.preimport()  # what a daemon child has loaded (CHECK's rules by handle need it)
     node.enter()
     for rep in range(PROFILE_REPS + 1):  # the first pod warms imports, unprofiled
         pod = node.new_pod()

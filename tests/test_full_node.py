@@ -40,7 +40,7 @@ CLONE_NEWNET = 0x40000000
 def conflist(store: Path) -> dict[str, Any]:
     return {"cniVersion": "1.1.0", "name": NETWORK, "plugins": [
         {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": True,
-         "ipMasqBackend": "nftables",
+         "ipMasqBackend": "nftables", "macspoofchk": True,
          "ipam": {"type": "host-local", "ranges": [[{"subnet": SUBNET}]],
                   "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(store)}},
         {"type": "portmap", "capabilities": {"portMappings": True}, "backend": "nftables"},
@@ -112,7 +112,9 @@ def test_a_full_node_of_250_attachments(host: Netns, netns_factory, start_daemon
         assert any(ip in str(r["expr"]) for r in
                    rules.get(masq.comment(NETWORK, "eth0", rt.container_id), [])), ip
         assert runtime.cached_result(conf, rt) is not None, rt.container_id
-        assert veth
+        tag = f"macspoofchk-{rt.container_id}-eth0"
+        assert any(f"'{veth}'" in str(r["expr"]) for r in rules.get(tag, [])
+                   if r["chain"] == "PREROUTING"), (tag, veth)
     assert len(set(ips)) == PODS and len(files) == PODS
     with ThreadPoolExecutor(WORKERS) as pool:
         addrs = list(pool.map(lambda pod: pod.addresses("eth0"), pods))
@@ -143,12 +145,15 @@ def test_a_full_node_of_250_attachments(host: Netns, netns_factory, start_daemon
 
     # CHECK through the daemon (which asks the kernel for recorded rules by handle) sees a rule
     # gone; DEL then finds the rest by listing
-    first, second = rules.get(atts[0].container_id, []), rules.get(
-        masq.comment(NETWORK, "eth0", atts[1].container_id), [])
-    for rule in (next(r for r in first if r["chain"] == "hostports"), second[0]):
+    gone = [next(r for r in rules[atts[0].container_id] if r["chain"] == "hostports"),
+            rules[masq.comment(NETWORK, "eth0", atts[1].container_id)][0],
+            next(r for r in rules[f"macspoofchk-{atts[2].container_id}-eth0"]
+                 if r["chain"] == "PREROUTING")]
+    for rule in gone:
         host.run("nft", "delete", "rule", rule["family"], rule["table"], rule["chain"],
                  "handle", str(rule["handle"]))
-    for rt, why in ((atts[0], "missing hostport rule"), (atts[1], "masquerade rule")):
+    for rt, why in ((atts[0], "missing hostport rule"), (atts[1], "masquerade rule"),
+                    (atts[2], "mac spoof check")):
         with ThreadPoolExecutor(1, initializer=in_host, initargs=(host,)) as pool, \
                 pytest.raises(CNIError, match=why):
             pool.submit(runtime.check, conf, rt).result()
@@ -164,8 +169,8 @@ def test_a_full_node_of_250_attachments(host: Netns, netns_factory, start_daemon
         "reservations": sorted(store_files(store)),
         "cache": sorted(p.name for p in (cache / "results").iterdir())
         if (cache / "results").is_dir() else [],
-        "record chains": sorted(o["chain"]["name"] for o in host.nft_ruleset()["nftables"]
-                                if "chain" in o and o["chain"]["name"].startswith(
-                                    ("pycni-att-", "pycni-masq-"))),
+        "per-pod chains": sorted(o["chain"]["name"] for o in host.nft_ruleset()["nftables"]
+                                 if "chain" in o and o["chain"]["name"].startswith(
+                                     ("pycni-att-", "pycni-masq-", "cni-br-iface-"))),
     }
     assert left == {k: [] for k in left}

@@ -112,28 +112,40 @@ NFPROTO = {"inet": 1, "ip": 2, "arp": 3, "netdev": 5, "bridge": 7, "ip6": 10}
 
 
 def present(family: str, table: str, handles: dict[str, list[int]]) -> bool:
-    """Every one of these rules is still in its chain. The kernel answers one rule by table,
-    chain and handle (NFT_MSG_GETRULE without a dump; nft's CLI has no such query), through
-    pyroute2's NFTSocket. False when that module is not loaded yet: the daemon preloads it,
-    while an exec without the daemon would import asyncio for it (~40 ms, more than the
-    listing the caller falls back to costs even on a full node)."""
-    if not handles or _NFTSOCKET not in sys.modules:
+    """Every one of these rules is still in its chain (asked of the kernel one by one, see
+    `comments`); False too when that cannot be asked here."""
+    if not handles:
         return False
+    found = comments(family, table, [(c, h) for c, hs in handles.items() for h in hs])
+    return found is not None and all(c is not None for c in found)
+
+
+def comments(family: str, table: str, rules: list[tuple[str, int]]) -> list[str | None] | None:
+    """The comment of each (chain, handle) rule ("" without one, None when there is no such
+    rule), as the kernel answers for one rule by table, chain and handle (NFT_MSG_GETRULE
+    without a dump; nft's CLI has no such query), through pyroute2's NFTSocket. None when that
+    module is not loaded yet: the daemon preloads it, while an exec without the daemon would
+    import asyncio for it (~40 ms, more than the listing the caller falls back to costs even on
+    a full node)."""
+    if _NFTSOCKET not in sys.modules:
+        return None
     from pyroute2.netlink import NLM_F_REQUEST
     from pyroute2.netlink.exceptions import NetlinkError
     from pyroute2.netlink.nfnetlink.nftsocket import NFT_MSG_GETRULE, NFTSocket, nft_rule_msg
 
+    out: list[str | None] = []
     sock = NFTSocket(nfgen_family=NFPROTO[family])
     try:
-        for chain, found in handles.items():
-            for handle in found:
-                msg = nft_rule_msg()
-                msg["attrs"] = [("NFTA_RULE_TABLE", table), ("NFTA_RULE_CHAIN", chain),
-                                ("NFTA_RULE_HANDLE", handle)]
-                try:
-                    sock.request_get(msg, NFT_MSG_GETRULE, msg_flags=NLM_F_REQUEST)
-                except NetlinkError:
-                    return False  # ENOENT: gone (or the chain or table is)
+        for chain, handle in rules:
+            msg = nft_rule_msg()
+            msg["attrs"] = [("NFTA_RULE_TABLE", table), ("NFTA_RULE_CHAIN", chain),
+                            ("NFTA_RULE_HANDLE", handle)]
+            try:
+                reply = sock.request_get(msg, NFT_MSG_GETRULE, msg_flags=NLM_F_REQUEST)
+            except NetlinkError:
+                out.append(None)  # ENOENT: gone (or the chain or table is)
+                continue
+            out.append(next((str(m.get_attr("NFTA_RULE_USERDATA") or "") for m in reply), None))
     finally:
         sock.close()
-    return True
+    return out
