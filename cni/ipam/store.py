@@ -120,11 +120,15 @@ class Store:
         except OSError:
             return None
         try:
-            # Read to the end: a long container ID must still match on DEL, never leak.
-            chunks = []
-            while chunk := os.read(fd, _READ_CHUNK):
+            # Read to the end: a long container ID must still match on DEL, never leak. A
+            # short read of a regular file is its end: one read for a reservation (the scans
+            # of ADD and GC read every file of the store).
+            chunks = [os.read(fd, _READ_CHUNK)]
+            size = len(chunks[0])
+            while len(chunks[-1]) == _READ_CHUNK and (chunk := os.read(fd, _READ_CHUNK)):
                 chunks.append(chunk)
-                if sum(map(len, chunks)) > _MAX_CONTENT:
+                size += len(chunk)
+                if size > _MAX_CONTENT:
                     return None  # not something either implementation writes
         except OSError:  # a directory or something else unreadable: not a reservation
             return None
