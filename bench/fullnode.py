@@ -18,6 +18,8 @@ Writes a section to bench/RESULTS.md (between markers) when run alone:
 
     .venv/bin/python bench/fullnode.py          # PYCNI_BENCH_FILL=0,20,50 for a quick run
 
+(PYCNI_BENCH_PROFILE_ROWS: how many functions the profile lists per verb, default 12.)
+
 `make bench` (bench/run.py) calls `run_section` and puts the section in its own report.
 """
 

@@ -158,9 +158,23 @@ def test_a_full_node_of_250_attachments(host: Netns, netns_factory, start_daemon
                 pytest.raises(CNIError, match=why):
             pool.submit(runtime.check, conf, rt).result()
 
+    # DEL of half of them (found by their records' handles) leaves the other half whole
+    half = PODS // 2
+    with ThreadPoolExecutor(WORKERS, initializer=in_host, initargs=(host,)) as pool:
+        list(pool.map(lambda rt: runtime.delete(conf, rt), atts[:half]))
+    rules = rules_by_comment(host)
+    for i, rt in enumerate(atts):
+        owned = [rt.container_id, masq.comment(NETWORK, "eth0", rt.container_id),
+                 f"macspoofchk-{rt.container_id}-eth0"]
+        # portmap: DNAT, two masquerades and the record's IP rule; masquerade; spoof check: the
+        # jump from PREROUTING and three in its chains (pods 0-2, with a rule removed by hand
+        # above, are in the first half)
+        found = [len(rules.get(c, [])) for c in owned]
+        assert found == ([4, 1, 4] if i >= half else [0, 0, 0]), (rt.container_id, found)
+
     # DEL of every one leaves nothing
     with ThreadPoolExecutor(WORKERS, initializer=in_host, initargs=(host,)) as pool:
-        list(pool.map(lambda rt: runtime.delete(conf, rt), atts))
+        list(pool.map(lambda rt: runtime.delete(conf, rt), atts[half:]))
     links_after = {ln["ifname"]: ln for ln in host.ip("-d", "link", "show")}
     left = {
         "veths": [n for n, ln in links_after.items() if ln.get("master") == BRIDGE],
