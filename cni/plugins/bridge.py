@@ -321,15 +321,18 @@ def delete(req: Request) -> None:
     _teardown(conf.ipMasq, lambda: masq.teardown(conf.name, req.ifname, req.container_id), req)
 
 
-def _teardown(enabled: bool, fn: Callable[[], Any], req: Request) -> None:
+def _teardown(enabled: bool, fn: Callable[[], Any], req: Request) -> int:
+    """fn's count of what it removed (0 when it says nothing or nftables is not there)."""
     from cni.host.nft import NftError
 
     try:
-        fn()
+        done = fn()
     except NftError as e:
         if enabled:
             raise CNIError(Code.INTERNAL, str(e)) from None
         req.log(f"skipped nftables cleanup: {e}")
+        return 0
+    return done if isinstance(done, int) and not isinstance(done, bool) else 0
 
 
 # --- CHECK ----------------------------------------------------------------------------------
@@ -400,16 +403,20 @@ def check_bridge(conf: NetConf, entry: dict) -> links.Link:
 
 # --- GC / STATUS ----------------------------------------------------------------------------
 
-def gc(req: Request) -> None:
+def gc(req: Request) -> int:
+    """-> how many objects it removed (rules, spoof checks, reservations)."""
     conf = load(req, strict=False)
     valid = valid_attachments(req.config)
+    removed = 0
     if valid is None:  # libcni's GC without args: stale and live look alike, remove nothing
         req.log("GC without cni.dev/valid-attachments: no nftables rule removed")
     else:
-        _teardown(conf.ipMasq, lambda: masq.gc(conf.name, valid), req)
-        _teardown(conf.macspoofchk, lambda: spoofchk.gc(conf.name, valid, links.names()), req)
+        removed += _teardown(conf.ipMasq, lambda: masq.gc(conf.name, valid), req)
+        removed += _teardown(conf.macspoofchk,
+                             lambda: spoofchk.gc(conf.name, valid, links.names()), req)
     if conf.ipam_type:
-        ipam.gc(req, conf.ipam_type)
+        removed += ipam.gc(req, conf.ipam_type)
+    return removed
 
 
 def status(req: Request) -> None:

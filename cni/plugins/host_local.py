@@ -98,14 +98,16 @@ def _prev_ips(req: Request, conf: ipam_config.IPAMConfig) -> list[Address]:
     return out
 
 
-def gc(req: Request) -> None:
-    """Release every reservation whose attachment is not in the runtime's valid list."""
+def gc(req: Request) -> int:
+    """Release every reservation whose attachment is not in the runtime's valid list;
+    -> how many."""
     conf = _load(req)
     valid = valid_attachments(req.config)
     if valid is None:  # libcni's GC without args; releasing on a missing list loses live IPs
         req.log("GC without cni.dev/valid-attachments: no reservation released")
-        return
+        return 0
     valid_ids = {cid for cid, _ in valid}
+    removed = 0
     with Store(conf.data_dir, conf.name) as store:
         for name, content in list(store.entries()):
             if parse_ip(name) is None or is_special(name):
@@ -116,6 +118,8 @@ def gc(req: Request) -> None:
             if not keep:
                 req.log(f"gc: releasing {name} held by {cid!r}/{ifname!r}")
                 store.release_ip(name)
+                removed += 1
+    return removed
 
 
 def status(req: Request) -> None:

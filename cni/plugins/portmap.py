@@ -102,14 +102,14 @@ def check(req: Request) -> None:
                                f"{rule.text()}")
 
 
-def gc(req: Request) -> None:
+def gc(req: Request) -> int:
     """Remove the rules of this network's attachments that are not in the valid list (found by
     their records, see cni.host.hostport), and legacy rules of the network likewise."""
     parse_config(req, for_del=True)
     valid = skel.valid_attachments(req.config)
     if valid is None:  # libcni's GC without args: stale and live look alike
         req.log("GC without cni.dev/valid-attachments: no rule removed")
-        return
+        return 0
     keep = {hostport.record_chain(cid, req.network, ifname) for cid, ifname in valid}
     legacy_keep = {hostport.legacy_attachment_key(cid, ifname) for cid, ifname in valid}
 
@@ -123,6 +123,7 @@ def gc(req: Request) -> None:
 
     found = _delete_found(stale)
     _flush_udp(req, {family: hostport.udp_host_ports(rules) for family, rules in found.items()})
+    return sum(len(rules) for rules in found.values())
 
 
 def status(req: Request) -> None:
