@@ -73,6 +73,8 @@ COMMANDS = (
     ("install", "cni.cli.node:install", "Install the plugins and a conflist."),
     ("uninstall", "cni.cli.node:uninstall", "Remove what install wrote."),
     ("doctor", "cni.cli.node:doctor", "Check this host for what plugins need."),
+    ("attachments", "cni.cli.node:attachments", "Every attachment on this node, what it owns, "
+     "orphans."),
     ("daemon", "cni.fast.daemon:command", "Run the plugins' forkserver."),
 )
 for _name, _target, _help in COMMANDS:
