@@ -2,7 +2,7 @@
 imported only when it runs, so `pycni add` never pays for install, doctor or the daemon:
 
 - cni/cli/runner.py: add, check, del, gc, status, version (cnitool-compatible, libcni's cache);
-- cni/cli/node.py: install, uninstall, doctor;
+- cni/cli/node.py: install, uninstall, doctor, attachments;
 - cni/fast/daemon.py: daemon (the plugins' forkserver);
 - demo, below (cni/demo.py does the work).
 """

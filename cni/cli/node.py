@@ -1,4 +1,4 @@
-"""`pycni install`, `pycni uninstall` and `pycni doctor` (loaded lazily by
+"""`pycni install`, `pycni uninstall`, `pycni doctor` and `pycni attachments` (loaded lazily by
 cni/cli, so `pycni add` never imports this)."""
 
 from __future__ import annotations
