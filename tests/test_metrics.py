@@ -6,15 +6,22 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import shutil
+import socket
 import subprocess
+import time
+from collections import deque
 from pathlib import Path
 
 import pytest
 from cnitest import BIN, ROOT, Netns
 from test_daemon import start_daemon, wait_for  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.root
+from cni.fast import child
+from cni.fast.server import Job, Options
+from cni.skel import Reply
+
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 METRICS, PROM = "127.0.0.1:19310", "127.0.0.1:19090"
 PODS = 3
@@ -77,6 +84,7 @@ def prometheus(host: Netns, tmp_path: Path):
             proc.wait()
 
 
+@pytest.mark.root
 def test_prometheus_scrapes_request_counts_latencies_errors_and_gc(
         host, netns_factory, start_daemon, prometheus, tmp_path: Path) -> None:  # noqa: F811
     daemon = start_daemon(host, "--metrics-listen", METRICS)
@@ -86,6 +94,17 @@ def test_prometheus_scrapes_request_counts_latencies_errors_and_gc(
                 f"http://{METRICS}/other").stdout == "404"
     assert curl(host, "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST",
                 f"http://{METRICS}/metrics").stdout == "405"
+    # A client that connects and says nothing blocks neither a scrape nor the daemon; a header
+    # beyond the endpoint's bound is refused.
+    idle = subprocess.Popen(["ip", "netns", "exec", host.name, "ncat", *METRICS.split(":")],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    try:
+        assert "pycni_requests_in_flight" in curl(host, f"http://{METRICS}/metrics").stdout
+        assert curl(host, "-o", "/dev/null", "-w", "%{http_code}", "-H", "X-Big: " + "x" * 9000,
+                    f"http://{METRICS}/metrics").stdout == "431"
+    finally:
+        idle.kill()
+        idle.wait()
 
     netconf, store = tmp_path / "net.d", tmp_path / "ipam"
     netconf.mkdir()
@@ -152,3 +171,62 @@ def test_prometheus_scrapes_request_counts_latencies_errors_and_gc(
     wait_query(host, "pycni_spare_requests_total + pycni_forked_requests_total",
                {(): 4 * PODS + 3})
     assert query(host, "pycni_requests_in_flight") == {(): 0}
+
+
+class FakeServer:
+    """What Metrics reads of the daemon's Server."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, Job] = {}
+        self.queue: deque = deque()
+        self.spares: dict = {}
+        self.sel = selectors.DefaultSelector()
+        self.opts = Options()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_outcomes_count_even_when_read_as_their_job_finishes(monkeypatch) -> None:
+    """A child's outcome datagram may still be queued when the parent pops its job (the spare's
+    "back" or the exit came first in the same select round): it must count all the same."""
+    from cni.fast.metrics import Metrics
+
+    monkeypatch.setattr(child, "after_reply", None)  # Metrics sets it: undone after the test
+    server = FakeServer()
+    metrics = Metrics(server, f"127.0.0.1:{free_port()}")  # type: ignore[arg-type]
+    try:
+        def run(label: str, reply: Reply | None, exit_code: int = 0, **flags: bool) -> None:
+            job = Job(os.getpid(), None, time.monotonic() + 120, label, b"",  # type: ignore
+                      received=time.monotonic(), **flags)
+            server.jobs[job.pid] = job
+            if reply is not None:
+                child.after_reply(reply)  # what the child does after sending its reply
+            del server.jobs[job.pid]
+            metrics.finished(job, exit_code)
+
+        run("bridge ADD c1", Reply(b"{}", b"", 0))
+        run("bridge ADD c2", Reply(b'{"code": 7, "msg": "bad"}', b"", 1))
+        run("bridge GC", Reply(b"", b"", 0, removed=3))
+        run("no-such-plugin WHAT c3", Reply(b"", b"", 0))
+        run("portmap DEL c4", None, exit_code=-9, timed_out=True)
+        run("portmap DEL c5", None, exit_code=75)  # never started: not a request
+        value = metrics.registry.get_sample_value
+        assert value("pycni_requests_total", {"plugin": "bridge", "verb": "ADD",
+                                              "result": "0"}) == 1
+        assert value("pycni_requests_total", {"plugin": "bridge", "verb": "ADD",
+                                              "result": "7"}) == 1
+        assert value("pycni_gc_removed_objects_total", {"plugin": "bridge"}) == 3
+        assert value("pycni_requests_total", {"plugin": "other", "verb": "other",
+                                              "result": "0"}) == 1
+        assert value("pycni_requests_total", {"plugin": "portmap", "verb": "DEL",
+                                              "result": "11"}) == 1
+        assert value("pycni_request_duration_seconds_count",
+                     {"plugin": "portmap", "verb": "DEL"}) == 1
+        assert metrics.outcomes == {}
+    finally:
+        metrics.close_in_child()
+        metrics.outbox.close()

@@ -32,6 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from cni import registry
 from cni.fast import child
 from cni.fast.child import EXIT_NOT_STARTED
+from cni.fast.fds import accepted
 
 if TYPE_CHECKING:
     from cni.fast.server import Job, Server
@@ -124,11 +125,13 @@ class Metrics:
                                              and not host)
         self.listener.setblocking(False)
         server.sel.register(self.listener, selectors.EVENT_READ, self._accept)
-        server.sel.register(self.inbox, selectors.EVENT_READ, lambda _s: self._drain())
+        server.sel.register(self.inbox, selectors.EVENT_READ, lambda _s: self._drain(0))
         log.info("metrics on http://%s/metrics", listen)
 
     # outcomes ----------------------------------------------------------------------------------
-    def _drain(self) -> None:
+    def _drain(self, finishing: int) -> None:
+        """Read the outcomes waiting; keep those of running jobs and of `finishing` (the job
+        being finished has already left server.jobs)."""
         while True:
             try:
                 data = self.inbox.recv(_OUTCOME.size)
@@ -136,12 +139,12 @@ class Metrics:
                 return
             if len(data) == _OUTCOME.size:
                 pid, code, removed, at = _OUTCOME.unpack(data)
-                if pid in self.server.jobs:  # a late one of a job already finished is dropped
+                if pid in self.server.jobs or pid == finishing:
                     self.outcomes[pid] = (code, removed, at)
 
     def finished(self, job: Job, exit_code: int) -> None:
         """A job is over: count it with the child's outcome, or what the parent saw."""
-        self._drain()  # the child sent its outcome before it exited or said it is back
+        self._drain(job.pid)  # sent before the child exited or said it is back
         plugin, verb = _job_labels(job.label)
         outcome = self.outcomes.pop(job.pid, None)
         if outcome is not None:
@@ -160,17 +163,9 @@ class Metrics:
 
     # HTTP --------------------------------------------------------------------------------------
     def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:
-                log.warning("metrics accept: %s", e)
-                return
+        for conn in accepted(listener):
             if len(self.conns) >= MAX_CONNS:
                 self._close(next(iter(self.conns.values())))
-            conn.setblocking(False)
             c = self.conns[conn.fileno()] = _Conn(conn, time.monotonic() + DEADLINE)
             self.server.sel.register(conn, selectors.EVENT_READ, lambda _s, c=c: self._read(c))
 
@@ -184,6 +179,8 @@ class Metrics:
         if not data:
             self._close(c)
             return
+        if c.answered:
+            return  # what a client still sends after the answer is dropped (until EOF)
         c.head += data
         if b"\r\n\r\n" not in c.head and b"\n\n" not in c.head:
             if len(c.head) >= MAX_HEAD:
@@ -222,7 +219,15 @@ class Metrics:
             sent = len(c.out)  # the client is gone: done with it
         c.out = c.out[sent:]
         if not c.out:
-            self._close(c)
+            # Half-close and read on to the client's EOF (within the deadline): closing with
+            # its unread bytes would reset the connection before it read the answer.
+            c.answered = True
+            try:
+                c.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                self._close(c)
+                return
+            self.server.sel.modify(c.sock, selectors.EVENT_READ, lambda _s: self._read(c))
 
     def _close(self, c: _Conn) -> None:
         if self.conns.pop(c.sock.fileno(), None) is not None:
@@ -249,12 +254,13 @@ class Metrics:
 
 
 class _Conn:
-    __slots__ = ("sock", "deadline", "head", "out")
+    __slots__ = ("sock", "deadline", "head", "out", "answered")
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         self.sock, self.deadline = sock, deadline
         self.head = b""
         self.out = b""
+        self.answered = False
 
 
 def _job_labels(label: str) -> tuple[str, str]:

@@ -25,7 +25,7 @@ from cni.fast.child import (
     run_child,
     spare_main,
 )
-from cni.fast.fds import close_all, drain, fds_from, peer_gone, send_quietly
+from cni.fast.fds import accepted, close_all, drain, fds_from, peer_gone, send_quietly
 from cni.fast.listener import inode, sd_notify, sock_name
 from cni.fast.preload import private_netns
 from cni.fast.procs import comm, fork_with_socket, own_group, parent
@@ -208,17 +208,9 @@ class Server:
 
     # Connections ------------------------------------------------------------------------------
     def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:  # EMFILE and friends: keep serving what we have
-                log.warning("accept: %s", e)
-                return
+        for conn in accepted(listener):
             pid, uid, _gid = _CRED.unpack(
                 conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
-            conn.setblocking(False)
             if len(self.pending) >= self.opts.max_pending:
                 self._drop(next(iter(self.pending)))  # the oldest: most likely idle
             p = Pending(conn, time.monotonic() + self.opts.read_timeout, peer=pid)
