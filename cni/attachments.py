@@ -331,6 +331,8 @@ def _host_veth(result: dict[str, Any], plugins: list[dict[str, Any]]) -> str | N
     """The host end in a bridge result: the interface without a sandbox that is not the
     bridge."""
     bridge = _bridge_of(plugins)
+    if bridge is None:  # another main plugin's interfaces are not veths on a bridge
+        return None
     for iface in result.get("interfaces") or []:
         if isinstance(iface, dict) and not iface.get("sandbox") and iface.get("name") != bridge:
             return str(iface.get("name") or "") or None
