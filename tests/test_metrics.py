@@ -15,7 +15,8 @@ from collections import deque
 from pathlib import Path
 
 import pytest
-from cnitest import BIN, ROOT, Netns
+from click.testing import CliRunner
+from cnitest import BIN, ROOT, Netns, loaded_by
 from test_daemon import start_daemon, wait_for  # noqa: F401 (a fixture)
 
 from cni.fast import child
@@ -230,3 +231,12 @@ def test_outcomes_count_even_when_read_as_their_job_finishes(monkeypatch) -> Non
     finally:
         metrics.close_in_child()
         metrics.outbox.close()
+
+
+def test_prometheus_client_only_in_a_daemon_with_metrics_and_the_env_setting_is_read() -> None:
+    for module in ("cni.fast.daemon", "cni.fast.shim", "cni.skel", "cni.fast.child"):
+        assert loaded_by(module, ("prometheus_client",)) == [], module
+    from cni.fast.daemon import command
+
+    out = CliRunner().invoke(command, [], env={"PYCNI_METRICS_LISTEN": "localhost:9310"})
+    assert out.exit_code == 2 and "'localhost' does not appear to be an IPv4" in out.output
