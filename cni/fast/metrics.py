@@ -74,7 +74,7 @@ def report(sock: socket.socket, reply: Any) -> None:
     try:
         sock.send(_OUTCOME.pack(os.getpid(), code, max(0, getattr(reply, "removed", 0) or 0),
                                 time.monotonic()))
-    except OSError:
+    except (OSError, struct.error):  # struct.error: a code beyond 32 bits (not a CNI one)
         pass
 
 
