@@ -13,7 +13,7 @@ import json
 from typing import Any, NamedTuple
 
 from cni.spec import names
-from cni.spec.config import DNS, Model, new, parse
+from cni.spec.config import DNS, Field, Model, parse
 from cni.spec.errors import CNIError, Code
 from cni.spec.version import at_least
 
@@ -45,16 +45,16 @@ class IPAMModel(RangeModel):
     routes: list[RouteModel] | None = None
     dataDir: str = ""
     resolvConf: str = ""
-    ranges: list[list[RangeModel]] = new(list)
+    ranges: list[list[RangeModel]] = Field(default_factory=list)
 
 
 class RuntimeModel(Model):
-    ips: list[str] = new(list)
-    ipRanges: list[list[RangeModel]] = new(list)
+    ips: list[str] = Field(default_factory=list)
+    ipRanges: list[list[RangeModel]] = Field(default_factory=list)
 
 
 class CNIArgsModel(Model):
-    ips: list[str] = new(list)
+    ips: list[str] = Field(default_factory=list)
 
 
 class ArgsModel(Model):
@@ -65,7 +65,7 @@ class NetModel(Model):
     cniVersion: str = ""
     name: str = ""
     ipam: IPAMModel | None = None
-    runtimeConfig: RuntimeModel = new(RuntimeModel)
+    runtimeConfig: RuntimeModel = Field(default_factory=RuntimeModel)
     args: ArgsModel | None = None
 
 
@@ -353,5 +353,5 @@ def parse_resolv_conf(path: str) -> dict[str, Any]:
             dns.search += fields[1:]
         elif fields[0] == "options":
             dns.options += fields[1:]
-    return {k: v for k, v in dns.dump().items()
+    return {k: v for k, v in dns.model_dump().items()
             if v and k in ("nameservers", "domain", "search", "options")}
