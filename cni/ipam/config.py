@@ -258,7 +258,7 @@ def _range(m: RangeModel, key: str, prefix: str) -> Range:
         raise bad(f"{key}.subnet", m.subnet,
                   f"network has host bits set; for a subnet mask of length {network.prefixlen} "
                   f"the network address is {network.network_address}", prefix)
-    net = IPNetwork(str(network))
+    net = IPNetwork((int(network.network_address), network.prefixlen), network.version)
     # The pool's defaults: the network address and (IPv4) the broadcast address are not handed
     # out; the gateway defaults to the first host.
     first_host = IPAddress(net.first + 1, net.version)
