@@ -27,7 +27,7 @@ from cni.ipam import delegate as ipam
 from cni.plugins.undo import Undo
 from cni.skel import Request, valid_attachments
 from cni.spec import keys, names
-from cni.spec.config import Model, PluginConf, StrictBool, StrictInt, StrictStr, new, parse
+from cni.spec.config import Field, Model, PluginConf, StrictBool, StrictInt, StrictStr, parse
 from cni.spec.errors import CNIError, Code, invalid_config, unsupported
 from cni.spec.result import Result
 
@@ -61,7 +61,7 @@ class NetConf(PluginConf):
     portIsolation: Bool = False
     # Derived by load(), not config keys.
     mac: str = ""
-    vlans: list[int] = new(list)
+    vlans: list[int] = Field(default_factory=list)
 
     @property
     def ipam_type(self) -> str:
@@ -109,7 +109,7 @@ def collect_vlan_trunk(trunks: list[VlanTrunk] | None) -> list[int]:
                     raise invalid_config(f"vlanTrunk[{i}].{key}", value,
                                          f"incorrect trunk {key} parameter")
             if item.maxID < item.minID:
-                raise invalid_config(f"vlanTrunk[{i}]", item.dump(exclude_none=True),
+                raise invalid_config(f"vlanTrunk[{i}]", item.model_dump(exclude_none=True),
                                      "minID is greater than maxID in trunk parameter")
             vids.update(range(item.minID, item.maxID + 1))
         if item.id is not None:
@@ -240,8 +240,8 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
     result["interfaces"][1]["mac"] = host.mac
     result["interfaces"][0]["mac"] = bridge.lookup(br.name).mac
 
-    if conf.dns is not None and any(conf.dns.dump().values()):
-        result["dns"] = conf.dns.dump(exclude_defaults=True)
+    if conf.dns is not None and any(conf.dns.model_dump().values()):
+        result["dns"] = conf.dns.model_dump(exclude_defaults=True)
     return result
 
 

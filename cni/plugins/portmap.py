@@ -19,7 +19,7 @@ from cni.host import conntrack, hostport, nft
 from cni.host.hostport import Mapping
 from cni.skel import Request
 from cni.spec import keys
-from cni.spec.config import Bounds, PluginConf, StrictBool, StrictInt, StrictStr, parse
+from cni.spec.config import Field, PluginConf, StrictBool, StrictInt, StrictStr, parse
 from cni.spec.errors import CNIError, Code, invalid_config, unsupported
 from cni.spec.result import Result
 
@@ -31,7 +31,7 @@ class PortMapConf(PluginConf):
     backend: StrictStr = "nftables"
     snat: StrictBool = True
     masqAll: StrictBool = False
-    markMasqBit: Annotated[StrictInt, Bounds(ge=0, le=31)] = DEFAULT_MARK_BIT
+    markMasqBit: Annotated[StrictInt, Field(ge=0, le=31)] = DEFAULT_MARK_BIT
     externalSetMarkChain: StrictStr | None = None
     conditionsV4: list[StrictStr] | None = None
     conditionsV6: list[StrictStr] | None = None
