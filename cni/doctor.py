@@ -274,7 +274,8 @@ def daemon_findings() -> list[Finding]:
 
 def python_findings() -> list[Finding]:
     out = []
-    for mod, fix in (("pyroute2", "make setup"), ("pydantic_core", "make setup"),
+    for mod, fix in (("pyroute2", "make setup"), ("pydantic", "make setup"),
+                     ("netaddr", "make setup"),
                      ("nftables", "apt-get install libnftables1, then make setup")):
         try:
             __import__(mod)

@@ -325,7 +325,7 @@ def test_without_the_daemon_no_verb_loads_dataclasses_or_pydantic(host, pod) -> 
     libnftables. Run as the binary runs, in the host namespace, with no daemon to ask."""
     w = wire(host, pod, 1)
     cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
-    watch = ("dataclasses", "inspect", "pydantic_core._pydantic_core", "pyroute2.iproute",
+    watch = ("dataclasses", "inspect", "pydantic", "pyroute2.iproute",
              "nftables")
     env = {"CNI_CONTAINERID": "ctr1", "CNI_NETNS": pod.path, "CNI_IFNAME": "eth0",
            "CNI_PATH": "/nonexistent", "PYCNI_SOCKET": "/nonexistent/pycni.sock"}

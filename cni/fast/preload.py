@@ -11,7 +11,7 @@ log = logging.getLogger("pycni.daemon")
 
 # pyroute2 is not among them: every verb builds its netlink requests with host/rtnl.py (only
 # pyroute2's NetlinkError is used, below); its IPRoute (nlsocket.py) is the tests' oracle.
-HEAVY_MODULES = ("cni.spec.config", "nftables", "cni.skel")  # config: pydantic-core
+HEAVY_MODULES = ("cni.spec.config", "nftables", "cni.skel")  # config: pydantic
 # Imported inside functions on the request path: imported here, or every child pays for it
 # (bandwidth's tc/ifb/peer alone cost ~3 ms a request: module bodies, dataclass builds);
 # subprocess for an IPAM plugin that is not ours (~2.5 ms).

@@ -79,6 +79,20 @@ def _rules(*prefixes: str) -> list[dict]:
             if str(r.get("comment", "")).startswith(prefixes)]
 
 
+def network_rules(network: str) -> list[dict]:
+    """The network's rules, either hash layout: what GC judges and `pycni attachments` shows."""
+    return _rules(hash_for_network(network) + "-", legacy_hash(network) + "-")
+
+
+def instance_of(rule: dict) -> str:
+    """The `<hash(net)>-<hash(ifname:cid)>` a rule's comment starts with: its attachment."""
+    return str(rule.get("comment", ""))[:PREFIX_LEN]
+
+
+def instance_prefixes(network: str, ifname: str, container_id: str) -> tuple[str, str]:
+    return _instance_prefixes(network, ifname, container_id)
+
+
 def _instance_prefixes(network: str, ifname: str, container_id: str) -> tuple[str, str]:
     return (hash_for_instance(network, ifname, container_id),
             legacy_instance(network, ifname, container_id))
@@ -168,8 +182,7 @@ def gc(network: str, valid: set[tuple[str, str]]) -> int:
     if its hash prefix does (a superset: it also keeps a valid attachment's rule whose readable
     tail differs). Legacy (SHA-256) rules of the network are judged the same way."""
     keep = {h for cid, ifname in valid for h in _instance_prefixes(network, ifname, cid)}
-    prefixes = (hash_for_network(network) + "-", legacy_hash(network) + "-")
-    stale = [r for r in _rules(*prefixes) if str(r["comment"])[:PREFIX_LEN] not in keep]
+    stale = [r for r in network_rules(network) if instance_of(r) not in keep]
     records = RECORD_PREFIX + hash_for_network(network) + "-"
     dropped = [c for c in nft.chains(FAMILY, TABLE) if c.startswith(records)
                and c[len(RECORD_PREFIX):] not in keep]

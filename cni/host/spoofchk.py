@@ -20,7 +20,7 @@ confirm, the verb lists the table as before. GC lists it.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from cni.host import masq, nft, nftrecord
 
@@ -184,6 +184,21 @@ def _jump_iifname(rule: dict[str, Any]) -> str | None:
     return None
 
 
+class Check(NamedTuple):
+    """One spoof check: its refID and the host veth its jump rule matches (None if unreadable)."""
+
+    ref: str
+    host_ifname: str | None
+
+
+def checks(listing: tuple[set[str], list[dict[str, Any]]] | None = None) -> list[Check]:
+    """Every spoof check in `bridge nat` (by its jump rules): what GC judges and `pycni
+    attachments` shows."""
+    rules = (listing or _listing())[1]
+    return [Check(str(r["comment"])[len(TAG):], _jump_iifname(r)) for r in rules
+            if str(r.get("comment") or "").startswith(TAG)]
+
+
 def gc(network: str, valid: set[tuple[str, str]], host_links: set[str]) -> int:
     """Remove stale spoof checks; how many.
 
@@ -196,15 +211,11 @@ def gc(network: str, valid: set[tuple[str, str]], host_links: set[str]) -> int:
     legacy_keep = {masq.legacy_instance(network, ifname, cid) for cid, ifname in valid}
     legacy_net = masq.legacy_hash(network) + "-"
     stale = set()
-    for rule in listing[1]:
-        tag = str(rule.get("comment") or "")
-        if not tag.startswith(TAG):
-            continue
-        ref = tag[len(TAG):]
+    for ref, host_ifname in checks(listing):
         if _LEGACY.match(ref) and ref.startswith(legacy_net):
             if ref not in legacy_keep:
                 stale.add(ref)
-        elif ref not in keep and _jump_iifname(rule) not in host_links and _safe(ref):
+        elif ref not in keep and host_ifname not in host_links and _safe(ref):
             stale.add(ref)
     script = _teardown_script(listing, sorted(stale))
     if script:

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import ipaddress
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 from cni.spec import names
 from cni.spec.errors import CNIError, Code
@@ -39,6 +41,28 @@ def is_special(name: str) -> bool:
     return name == LOCK or name.startswith(LAST_IP_PREFIX)
 
 
+class Reservation(NamedTuple):
+    """One reserved IP and its holder; ifname "" in an id-only file (old versions)."""
+
+    ip: str
+    container_id: str
+    ifname: str
+
+
+def reservations(entries: Iterable[tuple[str, str]]) -> list[Reservation]:
+    """The reservations among a store's entries (file names that are IPs): what GC judges and
+    `pycni attachments` shows."""
+    out = []
+    for name, content in entries:
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            continue
+        cid, _, ifname = content.strip().partition(LINE_BREAK)
+        out.append(Reservation(name, cid, ifname))
+    return out
+
+
 def key(container_id: str, ifname: str) -> str:
     return container_id.strip() + LINE_BREAK + ifname
 
@@ -58,6 +82,21 @@ class Store:
             os.close(self.dir_fd)
             raise
 
+    @classmethod
+    def existing(cls, data_dir: str, network: str) -> Store | None:
+        """The store opened to read only: nothing created, no lock taken (a snapshot); None
+        when it does not exist or is not a plain directory."""
+        if not names.valid_id(network):
+            return None
+        try:
+            dir_fd = os.open(os.path.join(data_dir, network),
+                             os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        store = cls.__new__(cls)
+        store.path, store.dir_fd, store.lock_fd = os.path.join(data_dir, network), dir_fd, -1
+        return store
+
     def __enter__(self) -> Store:
         fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
         return self
@@ -67,6 +106,8 @@ class Store:
 
     def close(self) -> None:
         for fd in (self.lock_fd, self.dir_fd):
+            if fd < 0:
+                continue
             try:
                 os.close(fd)  # closing the lock's fd releases the flock
             except OSError:

@@ -19,7 +19,7 @@ from cni.host import conntrack, hostport, nft, nftrecord
 from cni.host.hostport import Mapping
 from cni.skel import Request
 from cni.spec import keys
-from cni.spec.config import Bounds, PluginConf, StrictBool, StrictInt, StrictStr, parse
+from cni.spec.config import Field, PluginConf, StrictBool, StrictInt, StrictStr, parse
 from cni.spec.errors import CNIError, Code, invalid_config, unsupported
 from cni.spec.result import Result
 
@@ -31,7 +31,7 @@ class PortMapConf(PluginConf):
     backend: StrictStr = "nftables"
     snat: StrictBool = True
     masqAll: StrictBool = False
-    markMasqBit: Annotated[StrictInt, Bounds(ge=0, le=31)] = DEFAULT_MARK_BIT
+    markMasqBit: Annotated[StrictInt, Field(ge=0, le=31)] = DEFAULT_MARK_BIT
     externalSetMarkChain: StrictStr | None = None
     conditionsV4: list[StrictStr] | None = None
     conditionsV6: list[StrictStr] | None = None
@@ -125,14 +125,14 @@ def check(req: Request) -> None:
                                f"{rule.text()}")
 
 
-def gc(req: Request) -> None:
+def gc(req: Request) -> int:
     """Remove the rules of this network's attachments that are not in the valid list (found by
     their records, see cni.host.hostport), and legacy rules of the network likewise."""
     parse_config(req, for_del=True)
     valid = skel.valid_attachments(req.config)
     if valid is None:  # libcni's GC without args: stale and live look alike
         req.log("GC without cni.dev/valid-attachments: no rule removed")
-        return
+        return 0
     keep = {hostport.record_chain(cid, req.network, ifname) for cid, ifname in valid}
     legacy_keep = {hostport.legacy_attachment_key(cid, ifname) for cid, ifname in valid}
 
@@ -146,6 +146,7 @@ def gc(req: Request) -> None:
 
     found = _delete_found(stale)
     _flush_udp(req, {family: hostport.udp_host_ports(rules) for family, rules in found.items()})
+    return sum(len(rules) for rules in found.values())
 
 
 def status(req: Request) -> None:
