@@ -9,9 +9,10 @@ import threading
 
 import pytest
 
-from cni.host import ifb, linkgone, links, netns, rtnl, veth
+from pyroute2 import NetlinkError
+
+from cni.host import ifb, linkgone, links, netns, veth
 from cni.host.errors import HostError
-from cni.host.nlsocket import NetlinkError
 
 pytestmark = pytest.mark.root
 
@@ -21,16 +22,23 @@ def held_answer(monkeypatch):
     """The helper thread's request reaches the kernel, but its answer is held back until the
     test lets it go: a remove() that returns meanwhile returned on the announcements."""
     release, answered = threading.Event(), threading.Event()
-    real = rtnl.Rtnl.request
+    real = netns.new_socket
 
-    def request(self, *args):
-        out = real(self, *args)
+    def new_socket():
+        ipr = real()
         if threading.current_thread().name == "pycni-linkdel":
-            release.wait(10)
-            answered.set()
-        return out
+            send = ipr.link
 
-    monkeypatch.setattr(rtnl.Rtnl, "request", request)
+            def link(*args, **kwargs):
+                out = send(*args, **kwargs)
+                release.wait(10)
+                answered.set()
+                return out
+
+            ipr.link = link
+        return ipr
+
+    monkeypatch.setattr(netns, "new_socket", new_socket)
     yield answered
     release.set()
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 import time
 
-from cni.host import links, rtnl, sysctl, veth
+from cni.host import links, sysctl, veth
 from cni.host.errors import HostError
 
 VLAN_PVID = 0x2
@@ -26,13 +26,16 @@ def ensure(name: str, mtu: int = 0, promisc: bool = False,
     """Create the bridge unless it exists (an existing one is kept as it is), then
     promisc if asked, accept_ra=0 (we own its routes) and up. A non-bridge of that name is an
     error."""
-    from pyroute2.netlink.exceptions import NetlinkError  # its module alone (nlsocket.py)
+    from pyroute2 import NetlinkError
 
     from cni.host import netns
 
+    extra: dict = {"mtu": mtu} if mtu else {}
+    if vlan_filtering:
+        extra["br_vlan_filtering"] = 1
     with netns.iproute() as ipr:
         try:
-            ipr.request_raw(*rtnl.link_add_bridge(name, mtu, vlan_filtering))
+            ipr.link("add", ifname=name, kind="bridge", **extra)
         except NetlinkError as e:
             if e.code == errno.EOPNOTSUPP and vlan_filtering:
                 raise _err(f"failed to create bridge {name!r}: could not add {name!r}: "
@@ -80,12 +83,11 @@ def attach(port: str, bridge: links.Link, hairpin: bool, isolated: bool) -> None
         except Exception as e:
             raise _err(f'failed to connect "{port}" to bridge {bridge.name}: {e}') from None
         try:
-            ipr.request_raw(*rtnl.brport_set(link.index, rtnl.IFLA_BRPORT_MODE, int(hairpin)))
+            ipr.brport("set", index=link.index, mode=int(hairpin))  # IFLA_BRPORT_MODE: hairpin
         except Exception as e:
             raise _err(f"failed to setup hairpin mode for {port}: {e}") from None
         try:
-            ipr.request_raw(*rtnl.brport_set(link.index, rtnl.IFLA_BRPORT_ISOLATED,
-                                             int(isolated)))
+            ipr.brport("set", index=link.index, isolated=int(isolated))
         except Exception as e:
             raise _err(f"failed to set isolated on {port}: {e}") from None
 
@@ -103,25 +105,32 @@ def set_vlans(port: str, vlan: int, trunk: list[int], preserve_default: bool) ->
         if not preserve_default:
             for entry in port_vlans(ipr, link.index):
                 try:
-                    ipr.request_raw(*rtnl.bridge_vlan_del(link.index, entry["vid"]))
+                    ipr.vlan_filter("del", index=link.index, vlan_info={"vid": entry["vid"]})
                 except Exception as e:
                     raise _err(f'failed to remove default vlan on interface "{port}": '
                                f"{e}") from None
         try:
             if vlan:
-                ipr.request_raw(*rtnl.bridge_vlan_add(link.index, vlan,
-                                                      VLAN_PVID | VLAN_UNTAGGED))
+                ipr.vlan_filter("add", index=link.index,
+                                vlan_info={"vid": vlan, "flags": VLAN_PVID | VLAN_UNTAGGED})
             for vid in trunk:
-                ipr.request_raw(*rtnl.bridge_vlan_add(link.index, vid, 0))
+                ipr.vlan_filter("add", index=link.index, vlan_info={"vid": vid})
         except Exception as e:
             raise _err(f'failed to setup vlan tag on interface "{port}": {e}') from None
 
 
 def port_vlans(ipr, index: int) -> list[dict]:
     """[{vid, pvid, untagged}] of one bridge port."""
-    replies = ipr.request_raw(*rtnl.bridge_vlans_dump())
-    return [{"vid": vid, "pvid": bool(flags & VLAN_PVID), "untagged": bool(flags & VLAN_UNTAGGED)}
-            for flags, vid in rtnl.bridge_vlans_of(replies, index)]
+    found = []
+    for msg in ipr.get_vlans():  # AF_BRIDGE dump with RTEXT_FILTER_BRVLAN
+        if msg["index"] != index:
+            continue
+        spec = msg.get_attr("IFLA_AF_SPEC")
+        for info in spec.get_attrs("IFLA_BRIDGE_VLAN_INFO") if spec is not None else ():
+            flags = info["flags"]
+            found.append({"vid": info["vid"], "pvid": bool(flags & VLAN_PVID),
+                          "untagged": bool(flags & VLAN_UNTAGGED)})
+    return found
 
 
 def pin_mac(br: links.Link) -> None:

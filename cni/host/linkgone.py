@@ -6,14 +6,16 @@ more on a busy node. Everything a caller can observe is done before that: the de
 its namespace (its name and index are free), its veth peer with it, bridge ports, addresses and
 routes are gone, and the kernel has sent RTM_DELLINK to the namespace's listeners.
 
-So the request goes out from a helper thread, on a socket of its own, while this thread listens
-for those announcements: for the link, and for its veth peer (unregistered in the same batch,
-after it). Each namespace is the one of the caller's socket for it (SIOCGSKNS), never the
-thread's: an index means nothing in another namespace. The helper finishes the wait alone; a
-process that exits waits for it in the kernel, but its reply has gone out by then (the daemon's
-child). If the request fails, its error comes first (nothing was deleted, nothing announced);
-if the announcements cannot be read (a listener's buffer overran) or a peer lives elsewhere, this
-simply waits for the answer, as a plain delete would.
+So the request goes out from a helper thread, on a pyroute2 IPRoute of its own (the helper
+enters the link's namespace, by an fd of it, and builds the socket there), while this thread
+listens for those announcements, parsed by pyroute2's rtnetlink marshal: for the link, and for
+its veth peer (unregistered in the same batch, after it). Each namespace is the one of the
+caller's socket for it (SIOCGSKNS), never the thread's: an index means nothing in another
+namespace. The helper finishes the wait alone; a process that exits waits for it in the kernel,
+but its reply has gone out by then (the daemon's child). If the request fails, its error comes
+first (nothing was deleted, nothing announced); if the announcements cannot be read (a
+listener's buffer overran) or a peer lives elsewhere, this simply waits for the answer, as a
+plain delete would.
 """
 
 from __future__ import annotations
@@ -25,23 +27,25 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-from cni.host import netns, rtnl
-from cni.host.nlsocket import NetlinkError, NetlinkSocket
+from cni.host import netns
+
+if TYPE_CHECKING:
+    from pyroute2 import IPRoute
 
 RTMGRP_LINK = 1
 SIOCGSKNS = 0x894C  # a socket's network namespace, as a new fd (Linux 4.9)
 AF_UNSPEC = 0  # the link's own announcement (a bridge port's removal is also sent as AF_BRIDGE)
 
 
-def remove(ipr: NetlinkSocket, index: int,
-           peer: tuple[NetlinkSocket, int] | None = None) -> None:
+def remove(ipr: IPRoute, index: int, peer: tuple[IPRoute, int] | None = None) -> None:
     """Delete link `index` of ipr's namespace; also wait for its veth peer (index `peer[1]` in
-    the namespace of the socket `peer[0]`) to go. A kernel error is NetlinkError."""
+    the namespace of the socket `peer[0]`) to go. A kernel error is pyroute2's NetlinkError."""
     try:
-        sender, watched = _sockets(ipr, index, peer)
+        ns_fd, watched = _sockets(ipr, index, peer)
     except OSError:  # no SIOCGSKNS (Linux < 4.9), no socket to be had: a plain delete
-        ipr.request_raw(*rtnl.link_del(index))
+        ipr.link("del", index=index)
         return
     listeners = [sock for sock, _ in watched]
     # The helper closes its end of the pipe when the answer is in: no write that could meet a
@@ -51,12 +55,17 @@ def remove(ipr: NetlinkSocket, index: int,
 
     def send() -> None:
         try:
-            sender.request(*rtnl.link_del(index))
+            with netns.entered(ns_fd):
+                sender = netns.new_socket()
+            try:
+                sender.link("del", index=index)
+            finally:
+                sender.close()
             outcome.append(None)
         except BaseException as e:  # noqa: BLE001 - handed to the caller, if it still waits
             outcome.append(e)
         finally:
-            sender.sock.close()
+            os.close(ns_fd)
             os.close(done)
 
     helper = threading.Thread(target=send, name="pycni-linkdel", daemon=True)
@@ -70,8 +79,6 @@ def remove(ipr: NetlinkSocket, index: int,
                 return
             helper.join()  # answered first, or the announcements were lost
         error = outcome[0] if outcome else RuntimeError("the link delete did not finish")
-        if isinstance(error, OSError) and error.errno:
-            raise NetlinkError(error.errno) from None
         if error is not None:
             raise error
     finally:
@@ -80,28 +87,29 @@ def remove(ipr: NetlinkSocket, index: int,
             sock.close()
 
 
-def _sockets(ipr: NetlinkSocket, index: int, peer: tuple[NetlinkSocket, int] | None,
-             ) -> tuple[rtnl.Rtnl, list[tuple[socket.socket, int]]]:
-    """The helper's socket and a listener per watched link, each in its link's namespace."""
+def _sockets(ipr: IPRoute, index: int, peer: tuple[IPRoute, int] | None,
+             ) -> tuple[int, list[tuple[socket.socket, int]]]:
+    """An fd of the link's namespace (for the helper) and a listener per watched link, each in
+    its link's namespace."""
     opened: list[socket.socket] = []
+    ns_fd = _namespace_fd(ipr)
     try:
-        with _in_namespace_of(ipr):
-            sender = rtnl.Rtnl()
-            opened.append(sender.sock)
+        with netns.entered(ns_fd):
             watched = [(_listener(), index)]
             opened.append(watched[0][0])
         if peer is not None:
             with _in_namespace_of(peer[0]):
                 watched.append((_listener(), peer[1]))
-        return sender, watched
+        return ns_fd, watched
     except BaseException:
+        os.close(ns_fd)
         for sock in opened:
             sock.close()
         raise
 
 
 @contextmanager
-def _in_namespace_of(ipr: NetlinkSocket) -> Iterator[None]:
+def _in_namespace_of(ipr: IPRoute) -> Iterator[None]:
     """This thread inside the network namespace ipr's socket lives in."""
     fd = _namespace_fd(ipr)
     try:
@@ -111,11 +119,12 @@ def _in_namespace_of(ipr: NetlinkSocket) -> Iterator[None]:
         os.close(fd)
 
 
-def _namespace_fd(ipr: NetlinkSocket) -> int:
-    return fcntl.ioctl(ipr.raw.sock.fileno(), SIOCGSKNS)
+def _namespace_fd(ipr: IPRoute) -> int:
+    return fcntl.ioctl(ipr.fileno(), SIOCGSKNS)
 
 
 def _listener() -> socket.socket:
+    """A socket that only receives the namespace's link announcements (it sends nothing)."""
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
                          socket.NETLINK_ROUTE)
     sock.bind((0, RTMGRP_LINK))
@@ -146,10 +155,8 @@ def _announced(watched: list[tuple[socket.socket, int]], answered: int) -> bool:
 
 def _deleted(data: bytes) -> set[int]:
     """The indexes of the links that RTM_DELLINK messages in `data` announce gone."""
-    gone = set()
-    for kind, _, payload in rtnl.messages(data):
-        if kind == rtnl.RTM_DELLINK and len(payload) >= rtnl.IFINFO.size:
-            family, _, index, _, _ = rtnl.IFINFO.unpack_from(payload)
-            if family == AF_UNSPEC:
-                gone.add(index)
-    return gone
+    from pyroute2.netlink.rtnl import RTM_DELLINK
+    from pyroute2.netlink.rtnl.marshal import MarshalRtnl
+
+    return {msg["index"] for msg in MarshalRtnl().parse(data)
+            if msg["header"]["type"] == RTM_DELLINK and msg["family"] == AF_UNSPEC}

@@ -12,7 +12,7 @@ import os
 from contextlib import nullcontext
 from typing import NamedTuple
 
-from cni.host import links, netns, rtnl, sysctl
+from cni.host import links, netns, sysctl
 from cni.host.errors import HostError
 
 ATTEMPTS = 10
@@ -34,7 +34,7 @@ def create(container_ns: int | str, ifname: str, mtu: int = 0, mac: str = "",
 
     Retries with a new random host name on EEXIST (another plugin raced us for the name).
     """
-    from pyroute2.netlink.exceptions import NetlinkError  # its module alone (nlsocket.py)
+    from pyroute2 import NetlinkError
 
     with netns.iproute(container_ns) as cipr:
         if links.get(cipr, ifname) is not None:
@@ -44,9 +44,8 @@ def create(container_ns: int | str, ifname: str, mtu: int = 0, mac: str = "",
         with netns.iproute() as ipr:
             for _ in range(ATTEMPTS):
                 name = host_name or random_name()
-                # txqueuelen 0 on both ends, as the reference's netlink leaves them.
                 try:
-                    ipr.request_raw(*rtnl.link_add_veth(name, ifname, fd, mtu, mac))
+                    _add(ipr, name, ifname, fd, mtu, mac)
                 except NetlinkError as e:
                     if e.code == errno.EEXIST and not host_name and links.get(ipr, name):
                         continue  # our random name was taken: draw another
@@ -58,6 +57,19 @@ def create(container_ns: int | str, ifname: str, mtu: int = 0, mac: str = "",
     finally:
         os.close(fd)
     raise HostError("failed to find a unique veth name")
+
+
+def _add(ipr, name: str, peer: str, peer_ns_fd: int, mtu: int, peer_mac: str) -> None:
+    """The pair in one RTM_NEWLINK, the peer made directly in the namespace of `peer_ns_fd`.
+    The host end gets txqueuelen 0; the pod's end keeps the kernel's default (1000), as the
+    reference's do (a qdisc a pod installs on its eth0 gets a real queue)."""
+    peer_spec: dict = {"ifname": peer, "net_ns_fd": peer_ns_fd}
+    if peer_mac:
+        peer_spec["address"] = peer_mac
+    extra = {"mtu": mtu} if mtu else {}
+    if mtu:
+        peer_spec["mtu"] = mtu
+    ipr.link("add", ifname=name, txqlen=0, kind="veth", peer=peer_spec, **extra)
 
 
 def _finish(ipr, name: str, container_ns: int | str, ifname: str) -> Pair:
@@ -81,8 +93,9 @@ def delete_container_end(container_ns: int | str, ifname: str) -> bool:
     """Delete the container's veth (the host end goes with it); False if the link was not
     there. A missing namespace raises errors.NamespaceMissing. Returns once both ends are gone,
     without the kernel's clean-up wait after (linkgone.py)."""
+    from pyroute2 import NetlinkError
+
     from cni.host import linkgone
-    from cni.host.nlsocket import NetlinkError
 
     with netns.iproute(container_ns) as cipr:
         link = links.get(cipr, ifname)
