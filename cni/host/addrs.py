@@ -10,6 +10,7 @@ import errno
 import ipaddress
 import socket
 import time
+from typing import NamedTuple
 
 from cni.host import dumps, links, netns, routes, sysctl
 from cni.host.errors import HostError
@@ -85,18 +86,17 @@ def _enable_ipv6(ifname: str) -> None:
         pass  # informative, as in the reference
 
 
-def configure_iface(ifname: str, ips: list[dict], route_list: list[dict]) -> None:
+def configure_iface(ifname: str, ips: list[dict], route_list: list[dict],
+                    index: int = 0) -> None:
     """Add the addresses, set the link up, wait for DAD, add the routes (current namespace).
 
     `ips` are the result's entries for this interface; a route without gw goes through the
-    first gateway of its family.
+    first gateway of its family. `index`: the interface's, when the caller has it (no lookup).
     """
     from pyroute2 import NetlinkError
 
     with netns.iproute() as ipr:
-        link = links.get(ipr, ifname)
-        if link is None:
-            raise _err(f'failed to lookup "{ifname}": Link not found')
+        link = _link(ipr, ifname, index, f'failed to lookup "{ifname}": Link not found')
         gws: dict[int, str] = {}
         v6 = False
         for ipc in ips:
@@ -138,20 +138,19 @@ def settle(ipr, index: int, ifname: str, timeout: float = SETTLE_SECONDS) -> Non
         time.sleep(0.05)
 
 
-def ensure_gateway(ifname: str, cidr: str, force: bool) -> None:
+def ensure_gateway(ifname: str, cidr: str, force: bool, index: int = 0) -> None:
     """The gateway address (e.g. 10.1.0.1/24) on the bridge, as the reference's ensureAddr.
 
     IPv4: another address on the bridge is an error unless forceAddress, which replaces it.
     IPv6: several addresses are fine unless their subnets overlap (then the same rule).
+    `index`: the interface's, when the caller has it (no lookup).
     """
     from pyroute2 import NetlinkError
 
     want = ipaddress.ip_interface(cidr)
     family = socket.AF_INET if want.version == 4 else socket.AF_INET6
     with netns.iproute() as ipr:
-        link = links.get(ipr, ifname)
-        if link is None:
-            raise _err(f'could not lookup "{ifname}": Link not found')
+        link = _link(ipr, ifname, index, f'could not lookup "{ifname}": Link not found')
         for address, prefixlen, _ in dumps.address_entries(ipr, link.index, family):
             have = ipaddress.ip_interface(f"{address}/{prefixlen}")
             if have == want:
@@ -170,6 +169,20 @@ def ensure_gateway(ifname: str, cidr: str, force: bool) -> None:
         except NetlinkError as e:
             if e.code != errno.EEXIST:
                 raise _err(f'could not add IP address to "{ifname}": {e}') from None
+
+
+class _Known(NamedTuple):
+    index: int
+
+
+def _link(ipr, ifname: str, index: int, missing: str) -> _Known | links.Link:
+    """The link to work on: by the index the caller has, or looked up by name."""
+    if index:
+        return _Known(index)
+    link = links.get(ipr, ifname)
+    if link is None:
+        raise _err(missing)
+    return link
 
 
 def has(ipr, index: int, cidr: str) -> bool:

@@ -25,33 +25,42 @@ def ensure(name: str, mtu: int = 0, promisc: bool = False,
            vlan_filtering: bool = False) -> links.Link:
     """Create the bridge unless it exists (an existing one is kept as it is), then
     promisc if asked, accept_ra=0 (we own its routes) and up. A non-bridge of that name is an
-    error."""
-    from pyroute2 import NetlinkError
-
+    error. The common case, a bridge that is there and up, costs one request (a lookup)."""
     from cni.host import netns
 
-    extra: dict = {"mtu": mtu} if mtu else {}
-    if vlan_filtering:
-        extra["br_vlan_filtering"] = 1
     with netns.iproute() as ipr:
-        try:
-            ipr.link("add", ifname=name, kind="bridge", **extra)
-        except NetlinkError as e:
-            if e.code == errno.EOPNOTSUPP and vlan_filtering:
-                raise _err(f"failed to create bridge {name!r}: could not add {name!r}: "
-                           "vlan filtering is not supported by this kernel") from None
-            if e.code != errno.EEXIST:
-                raise _err(f"failed to create bridge {name!r}: could not add {name!r}: "
-                           f"{e.args[1] if len(e.args) > 1 else e}") from None
-        br = by_name(ipr, name)
+        br = links.get(ipr, name)
+        if br is None:
+            _create(ipr, name, mtu, vlan_filtering)
+        br = by_name(ipr, name) if br is None or br.kind != "bridge" else br
         if promisc and not br.promisc:
             links.set_promisc(ipr, br.index)
         try:
             sysctl.write(sysctl.conf(6, name, "accept_ra"), 0)
         except OSError:
             pass  # no IPv6 on this host
-        links.set_up(ipr, br.index)
+        if not br.up:
+            links.set_up(ipr, br.index)
         return br  # read before promisc/up, which change neither its index, MAC nor MTU
+
+
+def _create(ipr, name: str, mtu: int, vlan_filtering: bool) -> None:
+    """ip link add NAME [mtu MTU] type bridge [vlan_filtering 1]; another's bridge made
+    meanwhile (EEXIST) is fine."""
+    from pyroute2 import NetlinkError
+
+    extra: dict = {"mtu": mtu} if mtu else {}
+    if vlan_filtering:
+        extra["br_vlan_filtering"] = 1
+    try:
+        ipr.link("add", ifname=name, kind="bridge", **extra)
+    except NetlinkError as e:
+        if e.code == errno.EOPNOTSUPP and vlan_filtering:
+            raise _err(f"failed to create bridge {name!r}: could not add {name!r}: "
+                       "vlan filtering is not supported by this kernel") from None
+        if e.code != errno.EEXIST:
+            raise _err(f"failed to create bridge {name!r}: could not add {name!r}: "
+                       f"{e.args[1] if len(e.args) > 1 else e}") from None
 
 
 def by_name(ipr, name: str) -> links.Link:
@@ -70,24 +79,33 @@ def lookup(name: str) -> links.Link:
         return by_name(ipr, name)
 
 
-def attach(port: str, bridge: links.Link, hairpin: bool, isolated: bool) -> None:
-    """Enslave `port` to the bridge and set its hairpin and isolation flags."""
+def attach(port: str, bridge: links.Link, hairpin: bool, isolated: bool,
+           index: int = 0) -> None:
+    """Enslave `port` (its `index` if the caller has it: no lookup) to the bridge and set its
+    hairpin and isolation flags."""
     from cni.host import netns
 
     with netns.iproute() as ipr:
-        link = links.get(ipr, port)
-        if link is None:
-            raise _err(f'failed to lookup "{port}"')
+        if not index:
+            link = links.get(ipr, port)
+            if link is None:
+                raise _err(f'failed to lookup "{port}"')
+            index = link.index
         try:
-            links.set_master(ipr, link.index, bridge.index)
+            links.set_master(ipr, index, bridge.index)
         except Exception as e:
             raise _err(f'failed to connect "{port}" to bridge {bridge.name}: {e}') from None
+        try:  # both flags in one request (IFLA_BRPORT_MODE is hairpin)
+            ipr.brport("set", index=index, mode=int(hairpin), isolated=int(isolated))
+            return
+        except Exception:
+            pass  # one at a time, so that the error names the flag the kernel refused
         try:
-            ipr.brport("set", index=link.index, mode=int(hairpin))  # IFLA_BRPORT_MODE: hairpin
+            ipr.brport("set", index=index, mode=int(hairpin))
         except Exception as e:
             raise _err(f"failed to setup hairpin mode for {port}: {e}") from None
         try:
-            ipr.brport("set", index=link.index, isolated=int(isolated))
+            ipr.brport("set", index=index, isolated=int(isolated))
         except Exception as e:
             raise _err(f"failed to set isolated on {port}: {e}") from None
 
@@ -181,7 +199,7 @@ def ensure_vlan_interface(bridge: links.Link, vlan: int,
         return existing, False
     pair = veth.create(HOST_NS, name, mtu=bridge.mtu)
     try:
-        attach(pair.host.name, bridge, hairpin=False, isolated=False)
+        attach(pair.host.name, bridge, hairpin=False, isolated=False, index=pair.host.index)
         set_vlans(pair.host.name, vlan, [], preserve_default)
         with netns.iproute() as ipr:
             links.set_up(ipr, pair.container.index)

@@ -60,23 +60,23 @@ def create(container_ns: int | str, ifname: str, mtu: int = 0, mac: str = "",
 
 
 def _add(ipr, name: str, peer: str, peer_ns_fd: int, mtu: int, peer_mac: str) -> None:
-    """The pair in one RTM_NEWLINK, the peer made directly in the namespace of `peer_ns_fd`.
-    The host end gets txqueuelen 0; the pod's end keeps the kernel's default (1000), as the
-    reference's do (a qdisc a pod installs on its eth0 gets a real queue)."""
+    """The pair in one RTM_NEWLINK, the peer made directly in the namespace of `peer_ns_fd`,
+    the host end up at once (no second request to set it up). The host end gets txqueuelen 0;
+    the pod's end keeps the kernel's default (1000), as the reference's do (a qdisc a pod
+    installs on its eth0 gets a real queue)."""
     peer_spec: dict = {"ifname": peer, "net_ns_fd": peer_ns_fd}
     if peer_mac:
         peer_spec["address"] = peer_mac
     extra = {"mtu": mtu} if mtu else {}
     if mtu:
         peer_spec["mtu"] = mtu
-    ipr.link("add", ifname=name, txqlen=0, kind="veth", peer=peer_spec, **extra)
+    ipr.link("add", ifname=name, txqlen=0, kind="veth", peer=peer_spec, state="up", **extra)
 
 
 def _finish(ipr, name: str, container_ns: int | str, ifname: str) -> Pair:
-    host = links.get(ipr, name)
+    host = links.get(ipr, name)  # up already (created so)
     if host is None:
         raise HostError(f"failed to lookup {name!r} after creating it")
-    links.set_up(ipr, host.index)
     try:
         sysctl.write(sysctl.conf(6, name, "accept_ra"), 0)  # we own this interface's routes
     except OSError:
@@ -85,7 +85,6 @@ def _finish(ipr, name: str, container_ns: int | str, ifname: str) -> Pair:
         container = links.get(cipr, ifname)
     if container is None:
         raise HostError(f"failed to lookup {ifname!r} in the container")
-    host = host._replace(up=True)  # set just now; nothing else of it changes by going up
     return Pair(host=host, container=container)
 
 

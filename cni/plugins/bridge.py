@@ -182,7 +182,7 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
 
     pair = veth.create(req.netns_target, req.ifname, conf.mtu, conf.mac)
     undo.push("veth", lambda: veth.delete_host_end(pair.host.name))
-    bridge.attach(pair.host.name, br, conf.hairpinMode, conf.portIsolation)
+    bridge.attach(pair.host.name, br, conf.hairpinMode, conf.portIsolation, pair.host.index)
     # Pinned once it has a port: pinned before, the kernel leaves it in operstate UNKNOWN with
     # bridge id 0 (the reference's bridge is UP).
     bridge.pin_mac(br)
@@ -217,7 +217,8 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
         with netns.entered(req.netns_target):
             addrs.set_dad(req.ifname, conf.enabledad)
             addrs.set_arp_notify(req.ifname)
-            addrs.configure_iface(req.ifname, result["ips"], result["routes"])
+            addrs.configure_iface(req.ifname, result["ips"], result["routes"],
+                                  pair.container.index)
 
         if conf.isGateway:
             setup_gateways(conf, br, gateways, result)
@@ -285,11 +286,11 @@ def setup_gateways(conf: NetConf, br: links.Link, gateways: dict[int, list[str]]
                                                                  conf.preserveDefaultVlan)
                     result["interfaces"].append({"name": vlan_iface.name,
                                                  "mac": vlan_iface.mac})
-                target = vlan_iface.name
+                target, index = vlan_iface.name, vlan_iface.index
             else:
-                target = br.name
+                target, index = br.name, br.index
             try:
-                addrs.ensure_gateway(target, gw, conf.forceAddress)
+                addrs.ensure_gateway(target, gw, conf.forceAddress, index)
             except HostError as e:
                 what = "vlan interface for bridge with addr" if conf.vlan else "bridge addr"
                 raise HostError(f"failed to set {what}: {e}") from None
