@@ -8,7 +8,6 @@ import os
 import threading
 
 import pytest
-
 from pyroute2 import NetlinkError
 
 from cni.host import ifb, linkgone, links, netns, veth

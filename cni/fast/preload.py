@@ -68,12 +68,13 @@ WARM_UP_CONFIG = b'{"cniVersion":"1.1.0","name":"pycni-warm-up","type":"loopback
 
 
 def warm_up(netlink: bool = True) -> None:
-    """Touch what every request touches: skel and the plugin modules; with `netlink`, a
-    netlink socket too (read-only, own netns). The parent does it all once before it forks;
-    a spare skips the netlink reads (its parent made them: the parsers are loaded and compiled
-    in the image it was forked from) and only builds and drops one IPRoute."""
+    """Touch what every request touches: skel and the plugin modules; with `netlink`, pyroute2
+    too: every kind of request the verbs send encoded once (an IPBatch: nothing is sent) and
+    the replies they parse read once (read-only, own netns). The parent does it all once
+    before it forks; a spare skips that (the encoders and parsers are built in the image it
+    was forked from) and only builds and drops one IPRoute."""
     from cni import skel
-    from cni.host import dumps, links, netns
+    from cni.host import dumps, links, netns, warm
     from cni.registry import PLUGINS
 
     for plugin in PLUGINS:
@@ -88,6 +89,9 @@ def warm_up(netlink: bool = True) -> None:
                 lo = links.get(ipr, "lo")
                 if lo is not None:
                     dumps.addresses(ipr, lo.index)
+        if netlink:
+            warm.encode_requests()
+            warm.read_replies()
     except Exception as e:  # warming is an optimisation only
         log.debug("warm-up: %s", e)
 
