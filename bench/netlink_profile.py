@@ -27,7 +27,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+# PYCNI_NLPROF_ROOT: another checkout's code (a before/after of the whole verbs' times; the
+# per-call table needs this one's netns.new_socket).
+ROOT = Path(os.environ.get("PYCNI_NLPROF_ROOT") or Path(__file__).resolve().parent.parent)
 sys.path.insert(0, str(ROOT))
 
 Call = tuple[str, float]  # what, milliseconds
@@ -83,7 +85,10 @@ def _describe(args: tuple, kwargs: dict) -> str:
 def _install() -> None:
     from cni.host import netns
 
-    real = netns.new_socket
+    real = getattr(netns, "new_socket", None)
+    if real is None:
+        print("(no netns.new_socket in this checkout: whole verbs only)")
+        return
 
     def new_socket() -> Any:
         start = time.perf_counter()
