@@ -80,9 +80,9 @@ def lookup(name: str) -> links.Link:
 
 
 def attach(port: str, bridge: links.Link, hairpin: bool, isolated: bool,
-           index: int = 0) -> None:
-    """Enslave `port` (its `index` if the caller has it: no lookup) to the bridge and set its
-    hairpin and isolation flags."""
+           index: int = 0, enslaved: bool = False) -> None:
+    """Enslave `port` (its `index` if the caller has it: no lookup) to the bridge, unless it
+    was made a port as it was created (`enslaved`), and set its hairpin and isolation flags."""
     from cni.host import netns
 
     with netns.iproute() as ipr:
@@ -92,7 +92,8 @@ def attach(port: str, bridge: links.Link, hairpin: bool, isolated: bool,
                 raise _err(f'failed to lookup "{port}"')
             index = link.index
         try:
-            links.set_master(ipr, index, bridge.index)
+            if not enslaved:
+                links.set_master(ipr, index, bridge.index)
         except Exception as e:
             raise _err(f'failed to connect "{port}" to bridge {bridge.name}: {e}') from None
         try:  # both flags in one request (IFLA_BRPORT_MODE is hairpin)
@@ -151,10 +152,11 @@ def port_vlans(ipr, index: int) -> list[dict]:
     return found
 
 
-def pin_mac(br: links.Link) -> None:
+def pin_mac(br: links.Link) -> str:
     """Set the bridge's MAC to itself, once it has a port: otherwise it follows the lowest port
     MAC and changes as ports come and go (reference #805). Pinned while portless, the kernel
-    leaves the bridge id at 0 and the bridge in operstate UNKNOWN, so call this after attach."""
+    leaves the bridge id at 0 and the bridge in operstate UNKNOWN, so call this after attach.
+    Returns the MAC, which stays the bridge's from now on (a set address is never replaced)."""
     from cni.host import netns
 
     with netns.iproute() as ipr:
@@ -165,6 +167,7 @@ def pin_mac(br: links.Link) -> None:
             links.set_mac(ipr, br.index, current.mac)
         except Exception as e:
             raise _err(f"could not set bridge's mac: {e}") from None
+        return current.mac
 
 
 def wait_forwarding(port: str, delays: tuple[float, ...] = (0, 0.05, 0.5, 1, 1)) -> links.Link:

@@ -29,29 +29,31 @@ def random_name() -> str:
 
 
 def create(container_ns: int | str, ifname: str, mtu: int = 0, mac: str = "",
-           host_name: str = "") -> Pair:
-    """Create the pair; the host end is up with accept_ra=0, the container end is down.
+           host_name: str = "", master: int = 0) -> Pair:
+    """Create the pair; the host end is up with accept_ra=0 (and a port of bridge `master`
+    if given), the container end is down.
 
-    Retries with a new random host name on EEXIST (another plugin raced us for the name).
+    Retries with a new random host name on EEXIST when that name is taken on the host (another
+    plugin raced us for it); otherwise EEXIST is the container's name, already there.
     """
     from pyroute2 import NetlinkError
 
-    with netns.iproute(container_ns) as cipr:
-        if links.get(cipr, ifname) is not None:
-            raise HostError(f"container veth name provided ({ifname}) already exists")
     fd = netns.open_ns(container_ns)
     try:
         with netns.iproute() as ipr:
             for _ in range(ATTEMPTS):
                 name = host_name or random_name()
                 try:
-                    _add(ipr, name, ifname, fd, mtu, mac)
+                    _add(ipr, name, ifname, fd, mtu, mac, master)
                 except NetlinkError as e:
                     if e.code == errno.EEXIST and not host_name and links.get(ipr, name):
                         continue  # our random name was taken: draw another
                     if e.code == errno.EEXIST:
                         raise HostError(f"container veth name provided ({ifname}) "
                                        "already exists") from None
+                    if master and links.by_index(ipr, master) is None:
+                        raise HostError(f"failed to connect {name!r} to bridge: bridge "
+                                        f"index {master} not found") from None
                     raise HostError(f"failed to make veth pair: {e}") from None
                 return _finish(ipr, name, container_ns, ifname)
     finally:
@@ -59,7 +61,8 @@ def create(container_ns: int | str, ifname: str, mtu: int = 0, mac: str = "",
     raise HostError("failed to find a unique veth name")
 
 
-def _add(ipr, name: str, peer: str, peer_ns_fd: int, mtu: int, peer_mac: str) -> None:
+def _add(ipr, name: str, peer: str, peer_ns_fd: int, mtu: int, peer_mac: str,
+         master: int) -> None:
     """The pair in one RTM_NEWLINK, the peer made directly in the namespace of `peer_ns_fd`,
     the host end up at once (no second request to set it up). The host end gets txqueuelen 0;
     the pod's end keeps the kernel's default (1000), as the reference's do (a qdisc a pod
@@ -68,6 +71,8 @@ def _add(ipr, name: str, peer: str, peer_ns_fd: int, mtu: int, peer_mac: str) ->
     if peer_mac:
         peer_spec["address"] = peer_mac
     extra = {"mtu": mtu} if mtu else {}
+    if master:  # enslaved in the same request (IFLA_MASTER), as `ip link add ... master`
+        extra["master"] = master
     if mtu:
         peer_spec["mtu"] = mtu
     ipr.link("add", ifname=name, txqlen=0, kind="veth", peer=peer_spec, state="up", **extra)

@@ -180,12 +180,13 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
     br = bridge.ensure(conf.bridge, conf.mtu, conf.promiscMode,
                        vlan_filtering=bool(conf.vlan or conf.vlanTrunk is not None))
 
-    pair = veth.create(req.netns_target, req.ifname, conf.mtu, conf.mac)
+    pair = veth.create(req.netns_target, req.ifname, conf.mtu, conf.mac, master=br.index)
     undo.push("veth", lambda: veth.delete_host_end(pair.host.name))
-    bridge.attach(pair.host.name, br, conf.hairpinMode, conf.portIsolation, pair.host.index)
+    bridge.attach(pair.host.name, br, conf.hairpinMode, conf.portIsolation, pair.host.index,
+                  enslaved=True)
     # Pinned once it has a port: pinned before, the kernel leaves it in operstate UNKNOWN with
     # bridge id 0 (the reference's bridge is UP).
-    bridge.pin_mac(br)
+    bridge_mac = bridge.pin_mac(br)
     bridge.set_vlans(pair.host.name, conf.vlan, conf.vlans, conf.preserveDefaultVlan)
 
     if conf.macspoofchk:
@@ -237,9 +238,10 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
     else:
         with netns.iproute() as ipr:
             host = links.get(ipr, pair.host.name) or pair.host
-    # The host end's MAC and the bridge's can change as the port comes up: report them now.
+    # The host end's MAC can change as the port comes up: report it now. The bridge's is
+    # pinned (pin_mac), what it is now.
     result["interfaces"][1]["mac"] = host.mac
-    result["interfaces"][0]["mac"] = bridge.lookup(br.name).mac
+    result["interfaces"][0]["mac"] = bridge_mac
 
     if conf.dns is not None and any(conf.dns.dump().values()):
         result["dns"] = conf.dns.dump(exclude_defaults=True)
