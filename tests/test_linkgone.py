@@ -21,23 +21,14 @@ def held_answer(monkeypatch):
     """The helper thread's request reaches the kernel, but its answer is held back until the
     test lets it go: a remove() that returns meanwhile returned on the announcements."""
     release, answered = threading.Event(), threading.Event()
-    real = netns.new_socket
+    real = linkgone._answer
 
-    def new_socket():
-        ipr = real()
-        if threading.current_thread().name == "pycni-linkdel":
-            send = ipr.link
+    def answer(data: bytes):
+        release.wait(10)
+        answered.set()
+        return real(data)
 
-            def link(*args, **kwargs):
-                out = send(*args, **kwargs)
-                release.wait(10)
-                answered.set()
-                return out
-
-            ipr.link = link
-        return ipr
-
-    monkeypatch.setattr(netns, "new_socket", new_socket)
+    monkeypatch.setattr(linkgone, "_answer", answer)
     yield answered
     release.set()
 

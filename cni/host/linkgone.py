@@ -6,15 +6,15 @@ more on a busy node. Everything a caller can observe is done before that: the de
 its namespace (its name and index are free), its veth peer with it, bridge ports, addresses and
 routes are gone, and the kernel has sent RTM_DELLINK to the namespace's listeners.
 
-So the request goes out from a helper thread, on a pyroute2 IPRoute of its own (the helper
-enters the link's namespace, by an fd of it, and builds the socket there), while this thread
-listens for those announcements, parsed by pyroute2's rtnetlink marshal: for the link, and for
-its veth peer (unregistered in the same batch, after it). Each namespace is the one of the
-caller's socket for it (SIOCGSKNS), never the thread's: an index means nothing in another
-namespace. The helper finishes the wait alone; a process that exits waits for it in the kernel,
-but its reply has gone out by then (the daemon's child). If the request fails, its error comes
-first (nothing was deleted, nothing announced); if the announcements cannot be read (a
-listener's buffer overran) or a peer lives elsewhere, this simply waits for the answer, as a
+So the request goes out from a helper thread, on a socket of its own (made in the link's
+namespace): the RTM_DELLINK is pyroute2's ifinfmsg, encoded here, and its answer is parsed by
+pyroute2's rtnetlink marshal, as are the announcements this thread listens for meanwhile: for
+the link, and for its veth peer (unregistered in the same batch, after it). Each namespace is
+the one of the caller's socket for it (SIOCGSKNS), never the thread's: an index means nothing
+in another namespace. The helper finishes the wait alone; a process that exits waits for it in
+the kernel, but its reply has gone out by then (the daemon's child). If the request fails, its
+error comes first (nothing was deleted, nothing announced); if the announcements cannot be read
+(a listener's buffer overran) or a peer lives elsewhere, this simply waits for the answer, as a
 plain delete would.
 """
 
@@ -43,11 +43,12 @@ def remove(ipr: IPRoute, index: int, peer: tuple[IPRoute, int] | None = None) ->
     """Delete link `index` of ipr's namespace; also wait for its veth peer (index `peer[1]` in
     the namespace of the socket `peer[0]`) to go. A kernel error is pyroute2's NetlinkError."""
     try:
-        ns_fd, watched = _sockets(ipr, index, peer)
+        sender, watched = _sockets(ipr, index, peer)
     except OSError:  # no SIOCGSKNS (Linux < 4.9), no socket to be had: a plain delete
         ipr.link("del", index=index)
         return
     listeners = [sock for sock, _ in watched]
+    request = _delete_request(index)
     # The helper closes its end of the pipe when the answer is in: no write that could meet a
     # closed reader, and poll sees the hang-up.
     answered, done = os.pipe2(os.O_CLOEXEC)
@@ -55,17 +56,12 @@ def remove(ipr: IPRoute, index: int, peer: tuple[IPRoute, int] | None = None) ->
 
     def send() -> None:
         try:
-            with netns.entered(ns_fd):
-                sender = netns.new_socket()
-            try:
-                sender.link("del", index=index)
-            finally:
-                sender.close()
-            outcome.append(None)
+            sender.send(request)  # returns once the kernel has done it all (rcu_barrier too)
+            outcome.append(_answer(sender.recv(1 << 16)))
         except BaseException as e:  # noqa: BLE001 - handed to the caller, if it still waits
             outcome.append(e)
         finally:
-            os.close(ns_fd)
+            sender.close()
             os.close(done)
 
     helper = threading.Thread(target=send, name="pycni-linkdel", daemon=True)
@@ -87,22 +83,48 @@ def remove(ipr: IPRoute, index: int, peer: tuple[IPRoute, int] | None = None) ->
             sock.close()
 
 
+def _delete_request(index: int) -> bytes:
+    """RTM_DELLINK of link `index`, with an ACK asked for: pyroute2's ifinfmsg, encoded."""
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_DELLINK
+    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+
+    msg = ifinfmsg()
+    msg["index"] = index
+    msg["header"]["type"] = RTM_DELLINK
+    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
+    msg["header"]["sequence_number"] = 1
+    msg.encode()
+    return bytes(msg.data)
+
+
+def _answer(data: bytes) -> BaseException | None:
+    """The kernel's answer to the delete, parsed by pyroute2: None (ACK) or its NetlinkError."""
+    from pyroute2 import NetlinkError
+    from pyroute2.netlink.rtnl.marshal import MarshalRtnl
+
+    for msg in MarshalRtnl().parse(data):
+        code = msg.get("error")
+        if code is not None:
+            return NetlinkError(-code) if code else None
+    return RuntimeError("the link delete got no answer")
+
+
 def _sockets(ipr: IPRoute, index: int, peer: tuple[IPRoute, int] | None,
-             ) -> tuple[int, list[tuple[socket.socket, int]]]:
-    """An fd of the link's namespace (for the helper) and a listener per watched link, each in
-    its link's namespace."""
+             ) -> tuple[socket.socket, list[tuple[socket.socket, int]]]:
+    """The helper's socket and a listener per watched link, each in its link's namespace."""
     opened: list[socket.socket] = []
-    ns_fd = _namespace_fd(ipr)
     try:
-        with netns.entered(ns_fd):
+        with _in_namespace_of(ipr):
+            sender = _socket()
+            opened.append(sender)
             watched = [(_listener(), index)]
             opened.append(watched[0][0])
         if peer is not None:
             with _in_namespace_of(peer[0]):
                 watched.append((_listener(), peer[1]))
-        return ns_fd, watched
+        return sender, watched
     except BaseException:
-        os.close(ns_fd)
         for sock in opened:
             sock.close()
         raise
@@ -123,10 +145,14 @@ def _namespace_fd(ipr: IPRoute) -> int:
     return fcntl.ioctl(ipr.fileno(), SIOCGSKNS)
 
 
+def _socket() -> socket.socket:
+    return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
+                         socket.NETLINK_ROUTE)
+
+
 def _listener() -> socket.socket:
     """A socket that only receives the namespace's link announcements (it sends nothing)."""
-    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
-                         socket.NETLINK_ROUTE)
+    sock = _socket()
     sock.bind((0, RTMGRP_LINK))
     return sock
 
