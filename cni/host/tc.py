@@ -102,11 +102,13 @@ def tbf_message() -> type:
             tbf_parms = sched_tbf.options.tbf_parms
 
         class tbfmsg(tcmsg):  # noqa: N801
-            @staticmethod
-            def get_options(self: Any, *argv: Any, **kwarg: Any) -> Any:
-                if self.get_attr("TCA_KIND") == "tbf":
+            # get_plugin, not get_options: pyroute2 compiles a class's NLA table once and a
+            # subclass compiled after tcmsg shares tcmsg's (its get_options). get_plugin is
+            # looked up on the message at each encode and decode.
+            def get_plugin(self, plug: str, *argv: Any, **kwarg: Any) -> Any:
+                if plug == "options" and self.get_attr("TCA_KIND") == "tbf":
                     return tbf_options
-                return tcmsg.get_options(self, *argv, **kwarg)
+                return tcmsg.get_plugin(self, plug, *argv, **kwarg)
 
         _TBF_MSG = tbfmsg
     return _TBF_MSG
