@@ -1,16 +1,18 @@
-"""The dumps a verb makes about one link, filtered by the kernel where it can.
+"""What a verb reads about one link, asked of the kernel for that link only.
 
 pyroute2's addr("dump", index=...) sends an unfiltered dump and matches in Python: every pod's
 addresses of the namespace (each host veth's IPv6 link-local) would cross the socket and be
 decoded, so a verb's cost would grow with the node. Here the dump request carries the link's
 index in its header, on a socket with NETLINK_GET_STRICT_CHK (netns.new_socket:
-strict_check=True), and the kernel answers for that link only. The kernel has no such filter
-for qdisc dumps (it walks every link whatever the header says): those are matched here.
+strict_check=True), and the kernel answers for that link only. A qdisc dump has no such
+filter (the kernel walks every link whatever the header says), so a qdisc is asked for by its
+link and parent instead: an RTM_GETQDISC the kernel answers only with NLM_F_ECHO.
 pyroute2 builds, sends and parses every message.
 """
 
 from __future__ import annotations
 
+import errno
 import socket
 from typing import TYPE_CHECKING, Any
 
@@ -59,11 +61,25 @@ def address_entries(ipr: IPRoute, index: int, family: int) -> list[tuple[str, in
     return found
 
 
-def qdiscs(ipr: IPRoute, index: int) -> list[Any]:
-    """The link's qdiscs (pyroute2 tcmsg)."""
-    from pyroute2.netlink.rtnl import RTM_GETQDISC
+def qdisc(ipr: IPRoute, index: int, parent: int, msg_class: type | None = None) -> Any:
+    """The link's qdisc at `parent` (TC_H_ROOT, TC_H_INGRESS), or None: one request, whatever
+    the number of links. The kernel answers a get with the qdisc only when asked to echo it,
+    with a bare ACK when there is none (the builtin noop), ENOENT when the link never had an
+    ingress queue; a link that is gone is None too, as a dump would have found nothing."""
+    from pyroute2 import NetlinkError
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_ECHO, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_GETQDISC, RTM_NEWQDISC
     from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
-    msg = tcmsg()
+    msg = (msg_class or tcmsg)()
     msg["index"] = index
-    return [m for m in _dump(ipr, msg, RTM_GETQDISC) if m["index"] == index]
+    msg["parent"] = parent
+    try:
+        replies = ipr.nlm_request(msg, RTM_GETQDISC,
+                                  msg_flags=NLM_F_REQUEST | NLM_F_ACK | NLM_F_ECHO)
+    except NetlinkError as e:
+        if e.code in (errno.ENOENT, errno.ENODEV, errno.EINVAL):
+            return None
+        raise
+    return next((m for m in replies if m["header"]["type"] == RTM_NEWQDISC
+                 and m["index"] == index), None)

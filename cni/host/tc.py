@@ -114,12 +114,12 @@ def tbf_message() -> type:
     return _TBF_MSG
 
 
-def _qdiscs(ipr: IPRoute, index: int) -> list[Any]:
-    """The link's qdiscs, tbf options read with tbf_message()."""
+def _qdisc(ipr: IPRoute, index: int, parent: int) -> Any:
+    """The link's qdisc at `parent`, tbf options read with tbf_message(); None if none."""
     from pyroute2.netlink.rtnl import RTM_NEWQDISC
 
     ipr.register_policy(RTM_NEWQDISC, tbf_message())
-    return dumps.qdiscs(ipr, index)
+    return dumps.qdisc(ipr, index, parent, tbf_message())
 
 
 def add_tbf(ipr: IPRoute, index: int, tbf: Tbf) -> None:
@@ -147,25 +147,24 @@ def add_tbf(ipr: IPRoute, index: int, tbf: Tbf) -> None:
 def read_tbf(ipr: IPRoute, index: int) -> Tbf | None:
     """The root tbf of the link as the kernel reports it, or None if the root is not tbf; a
     rate64 attribute overrides the u32 rate."""
-    for msg in _qdiscs(ipr, index):
-        options = msg.get_attr("TCA_OPTIONS")
-        if msg["parent"] != TC_H_ROOT or msg.get_attr("TCA_KIND") != "tbf" or options is None:
-            continue
-        parms = options.get_attr("TCA_TBF_PARMS")
-        if parms is None:
-            continue
-        rate = options.get_attr("TCA_TBF_RATE64") or parms["rate"]
-        return Tbf(rate=rate, limit=parms["limit"], buffer=parms["buffer"])
-    return None
+    msg = _qdisc(ipr, index, TC_H_ROOT)
+    options = msg.get_attr("TCA_OPTIONS") if msg is not None else None
+    if options is None or msg.get_attr("TCA_KIND") != "tbf":
+        return None
+    parms = options.get_attr("TCA_TBF_PARMS")
+    if parms is None:
+        return None
+    rate = options.get_attr("TCA_TBF_RATE64") or parms["rate"]
+    return Tbf(rate=rate, limit=parms["limit"], buffer=parms["buffer"])
 
 
 def root_kind(ipr: IPRoute, index: int) -> str | None:
-    return next((m.get_attr("TCA_KIND") for m in _qdiscs(ipr, index)
-                 if m["parent"] == TC_H_ROOT), None)
+    msg = _qdisc(ipr, index, TC_H_ROOT)
+    return msg.get_attr("TCA_KIND") if msg is not None else None
 
 
 def has_ingress(ipr: IPRoute, index: int) -> bool:
-    return any(m["parent"] == TC_H_INGRESS for m in _qdiscs(ipr, index))
+    return _qdisc(ipr, index, TC_H_INGRESS) is not None
 
 
 def add_ingress(ipr: IPRoute, index: int) -> None:
