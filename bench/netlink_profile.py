@@ -138,6 +138,8 @@ def main() -> None:
     _private_mounts()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--kept", action="store_true",
+                        help="as a daemon's spare: one IPRoute kept for the host namespace")
     opts = parser.parse_args()
 
     from cni.host import nsfd
@@ -152,7 +154,16 @@ def main() -> None:
 
     preload.preimport()
     preload.warm_up()
+    import gc  # as the daemon before it forks, and its spares (gc.disable)
+
+    gc.collect()
+    gc.freeze()
+    gc.disable()
     _install()
+    if opts.kept:
+        from cni.host import netns
+
+        netns.keep_home_socket()
     tmp = Path(tempfile.mkdtemp(prefix="pycni-nlprof-"))
     config = {"cniVersion": "1.0.0", "name": "profnet", "type": "bridge", "bridge": "cni0",
               "isGateway": True, "ipam": {"type": "host-local", "subnet": "10.77.0.0/16",

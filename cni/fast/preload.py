@@ -72,7 +72,8 @@ def warm_up(netlink: bool = True) -> None:
     too: every kind of request the verbs send encoded once (an IPBatch: nothing is sent) and
     the replies they parse read once (read-only, own netns). The parent does it all once
     before it forks; a spare skips that (the encoders and parsers are built in the image it
-    was forked from) and only builds and drops one IPRoute."""
+    was forked from) and instead keeps one IPRoute of its own for its namespace, from request
+    to request (netns.keep_home_socket: made here, before the spare records its fds)."""
     from cni import skel
     from cni.host import dumps, links, netns, warm
     from cni.registry import PLUGINS
@@ -84,6 +85,8 @@ def warm_up(netlink: bool = True) -> None:
     # runs in about half the time (loopback ADD in a spare: ~1.0 -> ~0.5 ms).
     skel.run("loopback", WARM_UP_ENV, WARM_UP_CONFIG)
     try:
+        if not netlink:
+            netns.keep_home_socket()
         with netns.iproute() as ipr:
             if netlink:
                 lo = links.get(ipr, "lo")

@@ -109,16 +109,37 @@ def ns_key(target: int | str | None = None) -> tuple[int, int]:
 def iproute(target: int | str | None = None) -> AbstractContextManager[NetlinkSocket]:
     """A pyroute2 IPRoute whose socket lives in `target` (None: the current namespace), for
     a `with` block. Inside shared_sockets() it is the request's one socket for that
-    namespace."""
+    namespace; in a process that keeps one for its own namespace (keep_home_socket), that one
+    for that namespace."""
     sockets = _shared.get()
-    if sockets is None:
+    if sockets is None and _kept is None:
         return _new_iproute(target)
     # Keyed by the namespace itself, not the path: None inside entered() is the container.
     key = ns_key(target)
+    if _kept is not None and key == _kept[0]:
+        return _Borrowed(_kept[1])
+    if sockets is None:
+        return _new_iproute(target)
     ipr = sockets.get(key)
     if ipr is None:
         ipr = sockets[key] = _new_iproute(target)
     return _Borrowed(ipr)
+
+
+# A spare's IPRoute for its own namespace, kept from request to request: (namespace, socket).
+_kept: tuple[tuple[int, int], NetlinkSocket] | None = None
+
+
+def keep_home_socket() -> None:
+    """Make one IPRoute for this process's namespace now and hand it out for that namespace
+    from now on (iproute), never closed: for a daemon's spare, which serves request after
+    request in the namespace it was forked in (most requests' host namespace), and records its
+    fds after its warm-up (this socket's among them). Never in a process that forks children
+    which use netlink: they would share the socket. Only requests are sent on it (no multicast
+    groups): each reads its own answers, by sequence number."""
+    global _kept
+    if _kept is None:
+        _kept = (ns_key(), new_socket())
 
 
 @contextmanager
