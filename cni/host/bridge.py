@@ -179,7 +179,7 @@ def wait_forwarding(port: str, delays: tuple[float, ...] = (0, 0.05, 0.5, 1, 1))
         link = None
         for delay in delays:
             time.sleep(delay)
-            link = links.get(ipr, port)
+            link = links.get(ipr, port, port_state=True)
             if link is None:
                 raise _err(f"failed to lookup {port!r}")
             state = link.port_state if link.master else BR_STATE_FORWARDING
