@@ -190,6 +190,8 @@ def main() -> None:
         subprocess.run(["rm", "-rf", str(tmp)], check=False)
     for verb, runs in per_verb.items():
         _table(verb, runs)
+    if not _helper:
+        return
     print("\nlinkgone's helper thread (DEL's link delete, off the request's path once the link"
           " is announced gone), median ms:")
     by_what: dict[str, list[float]] = defaultdict(list)
