@@ -21,10 +21,8 @@ import re
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from cni.host import lean_pyroute2, masq, nft, nftrecord
+from cni.host import masq, nft, nftrecord
 from cni.host.digest import sha256_hex, sha512_hex
-
-lean_pyroute2.install()  # pyroute2 is imported below by submodule only (see lean_pyroute2)
 
 TABLE = "cni_hostport"
 HOSTPORTS = "hostports"
@@ -434,17 +432,10 @@ def route_localnet_toward(ip: str) -> str | None:
     """Set route_localnet=1 on the interface that routes to `ip` (current netns); its name."""
     import socket
 
-    from pyroute2.netlink.exceptions import NetlinkError  # its module alone (nlsocket.py)
+    from cni.host import netns, routes, sysctl
 
-    from cni.host import netns, rtnl, sysctl
-
-    # `ip route get`, built with rtnl.py: byte for byte what pyroute2's route("get") sent
-    request = rtnl.route_get(ipaddress.ip_address(ip))
-    with netns.iproute() as ipr:
-        try:
-            oif = rtnl.route_oif(ipr.request_raw(*request))
-        except NetlinkError:  # no route to the pod: nothing to enable (the reference skips too)
-            return None
+    with netns.iproute() as ipr:  # no route to the pod: nothing to enable (the reference skips)
+        oif = routes.oif_toward(ipr, str(ipaddress.ip_address(ip)))
     if oif is None:
         return None
     ifname = socket.if_indextoname(oif)  # one ioctl in this netns, not an RTM_GETLINK

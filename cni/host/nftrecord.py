@@ -18,12 +18,10 @@ DEL removed the rules) lists the table as before.
 
 from __future__ import annotations
 
-import sys
 from typing import Any, NamedTuple
 
-from cni.host import lean_pyroute2, nft
+from cni.host import nft
 
-lean_pyroute2.install()  # pyroute2 is imported below by submodule only (see lean_pyroute2)
 _ROOM = 120  # bytes of one meta comment (nft keeps 128)
 
 
@@ -106,32 +104,27 @@ def handles_script(family: str, table: str, handles: dict[str, list[int]]) -> st
                                     for c, found in sorted(handles.items()) for h in found])
 
 
-_NFTSOCKET = "pyroute2.netlink.nfnetlink.nftsocket"
 # nfgen families of nft's family names (NFPROTO_*), for asking the kernel for one rule
 NFPROTO = {"inet": 1, "ip": 2, "arp": 3, "netdev": 5, "bridge": 7, "ip6": 10}
 
 
 def present(family: str, table: str, handles: dict[str, list[int]]) -> bool:
     """Every one of these rules is still in its chain (asked of the kernel one by one, see
-    `comments`); False too when that cannot be asked here."""
+    `comments`)."""
     if not handles:
         return False
     found = comments(family, table, [(c, h) for c, hs in handles.items() for h in hs])
-    return found is not None and all(c is not None for c in found)
+    return all(c is not None for c in found)
 
 
-def comments(family: str, table: str, rules: list[tuple[str, int]]) -> list[str | None] | None:
+def comments(family: str, table: str, rules: list[tuple[str, int]]) -> list[str | None]:
     """The comment of each (chain, handle) rule ("" without one, None when there is no such
     rule), as the kernel answers for one rule by table, chain and handle (NFT_MSG_GETRULE
-    without a dump; nft's CLI has no such query), through pyroute2's NFTSocket. None when that
-    module is not loaded yet: the daemon preloads it, while an exec without the daemon would
-    import asyncio for it (~40 ms, more than the listing the caller falls back to costs even on
-    a full node)."""
-    if _NFTSOCKET not in sys.modules:
-        return None
+    without a dump; nft's CLI has no such query), through pyroute2's NFTSocket (pyroute2 is
+    the netlink layer of every verb, imported anyway)."""
+    from pyroute2 import NetlinkError, NFTSocket
     from pyroute2.netlink import NLM_F_REQUEST
-    from pyroute2.netlink.exceptions import NetlinkError
-    from pyroute2.netlink.nfnetlink.nftsocket import NFT_MSG_GETRULE, NFTSocket, nft_rule_msg
+    from pyroute2.netlink.nfnetlink.nftsocket import NFT_MSG_GETRULE, nft_rule_msg
 
     out: list[str | None] = []
     sock = NFTSocket(nfgen_family=NFPROTO[family])

@@ -13,7 +13,7 @@ refID is `<containerID>-<ifname>`. pycni releases before the v1.9 layout used a 
 
 PREROUTING holds one jump per pod on the node, so ADD, CHECK and DEL do not list it: both sides
 add the jump right after the -mac chain, so its handle is that chain's + 1, which the kernel
-confirms by the rule's comment (cni.host.nftrecord.comments; the daemon only). When it cannot
+confirms by the rule's comment (cni.host.nftrecord.comments). When it cannot
 confirm, the verb lists the table as before. GC lists it.
 """
 

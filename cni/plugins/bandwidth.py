@@ -220,7 +220,7 @@ def _empty(req: Request) -> Result:
 
 def _apply(req: Request, veth, ingress, egress, result: Result) -> None:
     """Create the qdiscs and the ifb; on any failure undo exactly what this call made."""
-    from pyroute2.netlink.exceptions import NetlinkError
+    from pyroute2 import NetlinkError
 
     from cni.host import ifb, tc
 

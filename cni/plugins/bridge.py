@@ -180,12 +180,13 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
     br = bridge.ensure(conf.bridge, conf.mtu, conf.promiscMode,
                        vlan_filtering=bool(conf.vlan or conf.vlanTrunk is not None))
 
-    pair = veth.create(req.netns_target, req.ifname, conf.mtu, conf.mac)
+    pair = veth.create(req.netns_target, req.ifname, conf.mtu, conf.mac, master=br.index)
     undo.push("veth", lambda: veth.delete_host_end(pair.host.name))
-    bridge.attach(pair.host.name, br, conf.hairpinMode, conf.portIsolation)
+    bridge.attach(pair.host.name, br, conf.hairpinMode, conf.portIsolation, pair.host.index,
+                  enslaved=True)
     # Pinned once it has a port: pinned before, the kernel leaves it in operstate UNKNOWN with
     # bridge id 0 (the reference's bridge is UP).
-    bridge.pin_mac(br)
+    bridge_mac = bridge.pin_mac(br)
     bridge.set_vlans(pair.host.name, conf.vlan, conf.vlans, conf.preserveDefaultVlan)
 
     if conf.macspoofchk:
@@ -217,7 +218,8 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
         with netns.entered(req.netns_target):
             addrs.set_dad(req.ifname, conf.enabledad)
             addrs.set_arp_notify(req.ifname)
-            addrs.configure_iface(req.ifname, result["ips"], result["routes"])
+            addrs.configure_iface(req.ifname, result["ips"], result["routes"],
+                                  pair.container.index)
 
         if conf.isGateway:
             setup_gateways(conf, br, gateways, result)
@@ -236,9 +238,10 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
     else:
         with netns.iproute() as ipr:
             host = links.get(ipr, pair.host.name) or pair.host
-    # The host end's MAC and the bridge's can change as the port comes up: report them now.
+    # The host end's MAC can change as the port comes up: report it now. The bridge's is
+    # pinned (pin_mac), what it is now.
     result["interfaces"][1]["mac"] = host.mac
-    result["interfaces"][0]["mac"] = bridge.lookup(br.name).mac
+    result["interfaces"][0]["mac"] = bridge_mac
 
     if conf.dns is not None and any(conf.dns.model_dump().values()):
         result["dns"] = conf.dns.model_dump(exclude_defaults=True)
@@ -285,11 +288,11 @@ def setup_gateways(conf: NetConf, br: links.Link, gateways: dict[int, list[str]]
                                                                  conf.preserveDefaultVlan)
                     result["interfaces"].append({"name": vlan_iface.name,
                                                  "mac": vlan_iface.mac})
-                target = vlan_iface.name
+                target, index = vlan_iface.name, vlan_iface.index
             else:
-                target = br.name
+                target, index = br.name, br.index
             try:
-                addrs.ensure_gateway(target, gw, conf.forceAddress)
+                addrs.ensure_gateway(target, gw, conf.forceAddress, index)
             except HostError as e:
                 what = "vlan interface for bridge with addr" if conf.vlan else "bridge addr"
                 raise HostError(f"failed to set {what}: {e}") from None
