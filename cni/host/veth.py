@@ -25,7 +25,7 @@ class Pair(NamedTuple):
 
 def random_name() -> str:
     """`veth` + 8 random hex digits, as the reference names host ends."""
-    return "veth" + os.urandom(4).hex()  # secrets.token_hex(4), without its OpenSSL import
+    return "veth" + os.urandom(4).hex()
 
 
 def create(container_ns: int | str, ifname: str, mtu: int = 0, mac: str = "",
