@@ -18,12 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cni.ipam.config import NetModel
+from cni.plugins.bandwidth import BandwidthEntry
 from cni.plugins.bridge import NetConf, VlanTrunk
 from cni.plugins.portmap import PortMapConf
 from cni.spec.config import DNS, Model, parse
 from cni.spec.errors import CNIError
 
-MODELS = (NetConf, PortMapConf, NetModel)
+MODELS = (NetConf, PortMapConf, NetModel, BandwidthEntry)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -73,6 +74,12 @@ def test_every_config_model_is_a_pydantic_model_keeping_unknown_keys() -> None:
      'invalid network config: ipam.routes.0.dst: {"gw": "10.0.0.1"}: Field required'),
     (NetModel, [], "invalid network config: config: []: Input should be a valid dictionary or "
                    "instance of NetModel"),
+    (BandwidthEntry, {"IngressRate": 8000, "ingressBurst": None},  # a rule across two keys
+     "invalid network config: IngressRate: 8000: if rate is set, ingressBurst must also be set"),
+    (BandwidthEntry, {"EGRESSRATE": 1, "egressburst": 2**35},
+     "invalid network config: egressburst: 34359738368: burst cannot be more than 4GB"),
+    (BandwidthEntry, {"egressRate": True}, "invalid network config: egressRate: true: Input "
+                                           "should be a valid integer"),  # uint64: strict
 ])
 def test_errors_name_the_key_as_written_and_the_value(model, data, msg) -> None:
     assert error(model, data) == msg
@@ -184,6 +191,8 @@ _generate_schema.GenerateSchema.__init__ = refuse
 from cni.ipam.config import NetModel
 from cni.plugins.bridge import NetConf
 from cni.plugins.portmap import PortMapConf
+from cni.plugins.bandwidth import BandwidthEntry
+from cni.spec.errors import CNIError
 ipam = {"type": "host-local", "routes": [{"dst": "0.0.0.0/0"}],
         "ranges": [[{"subnet": "10.1.0.0/24", "gateway": "10.1.0.1"}]]}
 parse(NetConf, {"Bridge": "cni0", "vlanTrunk": [{"id": 5}], "ipam": ipam,
@@ -191,6 +200,11 @@ parse(NetConf, {"Bridge": "cni0", "vlanTrunk": [{"id": 5}], "ipam": ipam,
 parse(PortMapConf, {"snat": True, "conditionsV4": ["-s", "1.2.3.4"]})
 parse(NetModel, {"ipam": ipam, "runtimeConfig": {"ips": ["10.1.0.9"]},
                  "args": {"cni": {"ips": ["10.1.0.9"]}}})
+parse(BandwidthEntry, {"IngressRate": 8000, "IngressBurst": 800})
+try:
+    parse(BandwidthEntry, {"egressRate": 8000})  # the cross-key rule's error, too
+except CNIError:
+    pass
 todo, models = [Model], []
 while todo:
     todo += todo.pop().__subclasses__()

@@ -88,7 +88,7 @@ def test_bandwidth_exact_key_wins_and_errors_name_it() -> None:
     assert got is not None and got.ingress is not None
     assert (got.ingress.rate, got.ingress.burst) == (8000, 800)
     bad = request({"runtimeConfig": {"bandwidth": {"IngressRate": 8000}}})
-    with pytest.raises(CNIError, match="runtimeConfig.bandwidth.IngressRate 8000"):
+    with pytest.raises(CNIError, match="runtimeConfig.bandwidth.IngressRate: 8000: "):
         bandwidth.limits(bad)
 
 

@@ -10,8 +10,9 @@ Where the limits come from (the first source present wins, as a whole):
 3. the pod annotations `kubernetes.io/ingress-bandwidth` / `kubernetes.io/egress-bandwidth`
    (Kubernetes quantities in bit/s, kubelet's bounds 1k..1P), from runtimeConfig
    `io.kubernetes.cri.pod-annotations` (capability of the same name).
-Rates are bit/s, bursts bits; 0 means unlimited. A rate without a burst (or the reverse) and a
-burst of 4 GB or more are config errors naming the key and the value, as in the reference.
+Rates are bit/s, bursts bits; 0 means unlimited. Sources 1 and 2 are one config model
+(`BandwidthEntry`): a rate without a burst (or the reverse) and a burst of 4 GB or more are
+config errors naming the key as written and the value, as in the reference.
 
 Burst when only a rate is known: annotations carry no burst, and containerd / CRI-O fill
 runtimeConfig.bandwidth's burst with 4294967295 bits (math.MaxUint32) for them; a 512 MB bucket
@@ -26,7 +27,9 @@ exactly our ifbs of containers the runtime no longer knows. CHECK without limits
 from __future__ import annotations
 
 import copy
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
+
+from pydantic import ValidationError, field_validator, model_validator
 
 from cni.host import netns
 from cni.host.digest import sha512_hex
@@ -34,6 +37,7 @@ from cni.host.errors import HostError
 from cni.plugins.undo import Undo
 from cni.skel import Request, require_printable, valid_attachments
 from cni.spec import keys
+from cni.spec.config import Field, Model, StrictInt, parse
 from cni.spec.errors import CNIError, Code, invalid_config
 from cni.spec.result import Result
 
@@ -82,54 +86,70 @@ def ifb_name(network: str, container_id: str) -> str:
 
 # ---- configuration ---------------------------------------------------------------------------
 
+Bits = Annotated[StrictInt, Field(ge=0, lt=2**64)]  # Go's uint64: a JSON integer, no float
+
+
+class BandwidthEntry(Model):
+    """The four limit keys, as the reference's BandwidthEntry (uint64 each; null means 0), at
+    the top level of the config or in runtimeConfig.bandwidth (containerd's CRI sends
+    IngressRate etc.: Model finds them however cased)."""
+
+    ingressRate: Bits = 0
+    ingressBurst: Bits = 0
+    egressRate: Bits = 0
+    egressBurst: Bits = 0
+
+    @field_validator(*KEYS, mode="before")
+    @classmethod
+    def null_is_zero(cls, value: Any) -> Any:
+        return 0 if value is None else value
+
+    @model_validator(mode="after")
+    def rate_and_burst_together(self) -> BandwidthEntry:
+        """The reference's validateRateAndBurst, per direction."""
+        for side in ("ingress", "egress"):
+            rate_key, burst_key = f"{side}Rate", f"{side}Burst"
+            rate, burst = getattr(self, rate_key), getattr(self, burst_key)
+            if rate and not burst:
+                raise _at(rate_key, rate, f"if rate is set, {burst_key} must also be set")
+            if burst and not rate:
+                raise _at(burst_key, burst, f"if burst is set, {rate_key} must also be set")
+            if burst // 8 >= MAX_BURST_BYTES:
+                raise _at(burst_key, burst, "burst cannot be more than 4GB")
+        return self
+
+
+def _at(key: str, value: int, msg: str) -> ValidationError:
+    """A ValueError located at `key`: pydantic keeps its location, so config.parse names the key
+    as the user wrote it and its value (a plain ValueError would name the whole object)."""
+    return ValidationError.from_exception_data(BandwidthEntry.__name__, [
+        {"type": "value_error", "loc": (key,), "input": value, "ctx": {"error": msg}}])
+
+
 def limits(req: Request) -> Limits | None:
     """The limits to apply, from the first source present; None when there are none."""
-    config = keys.match(req.config, KEYS)
-    if any(key in config for key in KEYS):
-        return _from_entry(config, "", sentinel=False)
+    top = parse(BandwidthEntry, req.config)
+    if top.model_fields_set.intersection(KEYS):  # any of the four keys, even null (not extras)
+        return _limits(top, req.config, "", sentinel=False)
     runtime = req.runtime_config
-    if "bandwidth" in runtime and runtime["bandwidth"] is not None:
-        entry = runtime["bandwidth"]
+    entry = runtime.get("bandwidth")
+    if entry is not None:
         prefix = f"runtimeConfig.{runtime.written('bandwidth')}"
-        if not isinstance(entry, dict):
-            raise invalid_config(prefix, entry, "must be an object")
-        # containerd's CRI sends IngressRate, IngressBurst, ...: Go structs without JSON tags.
-        return _from_entry(keys.match(entry, KEYS), prefix + ".", sentinel=True)
+        return _limits(parse(BandwidthEntry, entry, prefix), entry, prefix + ".", sentinel=True)
     return _from_annotations(runtime.get(ANNOTATIONS))
 
 
-def _from_entry(entry: keys.Keys, prefix: str, sentinel: bool) -> Limits:
-    names = {key: prefix + entry.written(key) for key in KEYS}  # as the user cased them
-    values = {key: _bits(entry.get(key, 0), names[key]) for key in KEYS}
-    ingress = _direction(values, names, "ingress", sentinel)
-    egress = _direction(values, names, "egress", sentinel)
-    return Limits(ingress, egress)
+def _limits(conf: BandwidthEntry, data: dict[str, Any], prefix: str, sentinel: bool) -> Limits:
+    def direction(side: str) -> Direction | None:
+        rate, burst = getattr(conf, f"{side}Rate"), getattr(conf, f"{side}Burst")
+        if not rate:
+            return None
+        rate_key, burst_key = (prefix + keys.written_path(data, [f"{side}{k}"])[0]
+                               for k in ("Rate", "Burst"))  # as the user cased them
+        chosen = None if sentinel and burst == UNKNOWN_BURST else burst
+        return Direction(rate, chosen, rate_key, burst_key)
 
-
-def _bits(value: Any, key: str) -> int:
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
-        raise invalid_config(key, value, "must be a non-negative integer")
-    return value
-
-
-def _direction(values: dict[str, int], names: dict[str, str], side: str,
-               sentinel: bool) -> Direction | None:
-    rate_key, burst_key = f"{side}Rate", f"{side}Burst"
-    rate, burst = values[rate_key], values[burst_key]
-    if rate and not burst:
-        raise invalid_config(names[rate_key], rate, f"if rate is set, {burst_key} must also "
-                             "be set")
-    if burst and not rate:
-        raise invalid_config(names[burst_key], burst, f"if burst is set, {rate_key} must "
-                             "also be set")
-    if burst // 8 >= MAX_BURST_BYTES:
-        raise invalid_config(names[burst_key], burst, "burst cannot be more than 4GB")
-    if not rate:
-        return None
-    chosen = None if sentinel and burst == UNKNOWN_BURST else burst
-    return Direction(rate, chosen, names[rate_key], names[burst_key])
+    return Limits(direction("ingress"), direction("egress"))
 
 
 def _from_annotations(annotations: Any) -> Limits | None:
