@@ -9,6 +9,7 @@ import gc
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -27,9 +28,10 @@ from test_daemon import (  # noqa: F401 (start_daemon is a fixture)
 )
 
 from cni.fast import child
+from cni.fast.zygote import PR_SET_CHILD_SUBREAPER
 from cni.host import netns
 from cni.host.errors import NamespaceMissing
-from cni.host.nsfd import setns
+from cni.host.nsfd import libc, setns
 
 NOT_BACK = "a spare exits instead of serving again"
 
@@ -56,6 +58,7 @@ def in_child(host: Netns, request: Callable[[], None],
             setns(fd)
             os.close(fd)
             os.chdir("/")
+            libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # as spare_main
             before()
             home = child.Home.here()
             request()
@@ -120,23 +123,46 @@ def test_garbage_from_before_a_request_is_not_taken_for_the_requests(host: Netns
     assert out["back"] is True, out.get("said")
 
 
+LEFT = ["fd", "fd-swapped", "thread", "process", "grandchild", "module", "handler", "mask"]
+
+
 @pytest.mark.root
-@pytest.mark.parametrize("left", ["fd", "thread", "process"])
-def test_a_spare_that_is_not_back_says_so(host: Netns, left: str) -> None:
-    """An fd left open (a record lock would go with it), a thread still running, a process
-    still there: the spare must not serve again."""
+@pytest.mark.parametrize("left", LEFT)
+def test_a_spare_that_is_not_back_says_so(host: Netns, left: str, tmp_path: Path) -> None:
+    """An fd left open (a record lock would go with it) or another file on a number it had, a
+    thread still running, a process still there (a child, or a double-forking plugin's
+    orphan), a module the request imported (from the caller's mount namespace), a signal
+    handler or mask changed: the spare must not serve again. Processes are killed and reaped."""
     held: list = []
+    pid_file = tmp_path / "orphan.pid"
+    sys_fd = os.open("/dev/null", os.O_RDONLY)  # the spare's own, open before the request
 
     def request() -> None:
         if left == "fd":
             held.append(os.open("/dev/null", os.O_RDONLY))
+        elif left == "fd-swapped":  # same number, another file
+            os.dup2(os.open("/dev/zero", os.O_RDONLY), sys_fd)
         elif left == "thread":
             child.THREADS_WAIT = 0.2
             threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
+        elif left == "process":
+            held.append(subprocess.Popen(["sleep", "60"]))
+            pid_file.write_text(str(held[0].pid))
+        elif left == "grandchild":  # sh exits at once: its sleep is orphaned, to the spare
+            subprocess.run(["sh", "-c", f"sleep 60 & echo $! > {pid_file}"], check=True)
+        elif left == "module":
+            import colorsys  # noqa: F401 (not loaded before: the import is the point)
+        elif left == "handler":
+            signal.signal(signal.SIGUSR1, lambda *_: None)
         else:
-            held.append(subprocess.Popen(["sleep", "5"]))
+            signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
 
-    assert in_child(host, request)["back"] is False
+    out = in_child(host, request)
+    assert out["back"] is False, out
+    if left in ("process", "grandchild"):
+        assert "killed and reaped" in out["said"][0]
+        assert not Path(f"/proc/{pid_file.read_text()}").exists()  # killed, and reaped (no zombie)
+    os.close(sys_fd)
 
 
 @pytest.mark.root

@@ -4,6 +4,7 @@ for a child that times out, crashes or loses its caller. See daemon.py for the w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -570,11 +571,15 @@ class Server:
         adopted), which would stay zombies until some request's child exited."""
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 return
-            if pid == 0:
+            if info is None:
                 return
+            if info.si_pid in self.jobs:  # what its request left in its group goes with it
+                with contextlib.suppress(ProcessLookupError):  # (its zombie holds the id)
+                    os.killpg(info.si_pid, signal.SIGKILL)
+            pid, status = os.waitpid(info.si_pid, 0)
             job = self.jobs.pop(pid, None)
             if job is not None:
                 self._finish(job, os.waitstatus_to_exitcode(status))
