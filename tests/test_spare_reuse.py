@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from cnitest import Netns, Plugins
+from cnitest import BIN, Netns, Plugins
 from test_daemon import (  # noqa: F401 (start_daemon is a fixture)
     LOOPBACK,
     run_chain,
@@ -253,3 +253,107 @@ def test_a_hang_up_seen_after_its_job_ended_in_the_same_round_is_ignored() -> No
     server._finish(server.jobs.pop(job.pid), 0, "the spare is back")
     server._hangup(job)  # the same round's stale event
     assert conn.fileno() == -1 and not server.busy and not job.abandoned
+
+
+# --- a caller whose /proc lies ----------------------------------------------------------------
+
+def send_request(path: Path, plugin: str, env: dict[str, str], conf: dict,
+                 by_role: dict[int, int]) -> tuple[int, dict]:
+    """What a shim sends, with the fds chosen here; -> (exit code, its JSON) once ACKed."""
+    import struct
+
+    from cni.fast import protocol as proto
+
+    fds = [by_role[r] for r in proto.ROLES if r in by_role]
+    data = proto.encode_request(plugin, proto.encode_env(
+        {k.encode(): v.encode() for k, v in env.items()}), json.dumps(conf).encode(),
+        sum(by_role), 0o022)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(60)
+        s.connect(str(path))
+        assert s.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                   struct.pack(f"{len(fds)}i", *fds))]) == len(data)
+        answer = b""
+        while chunk := s.recv(1 << 16):
+            answer += chunk
+    assert answer[:1] == proto.ACK, answer[:200]
+    code, out_len, _ = proto.reply_sizes(answer[1:1 + proto.REPLY_PREFIX])
+    return code, json.loads(answer[1 + proto.REPLY_PREFIX:1 + proto.REPLY_PREFIX + out_len])
+
+
+def make_proc_lie(liar: int, daemon: int, spare: int, home_net: str, store: Path,
+                  scratch: Path) -> None:
+    """In the mount namespace of process `liar`: a tmpfs over /proc whose self/ns/{mnt,net}
+    and thread-self/ns/* are the daemon's own namespaces (bind mounts of nsfs files: the
+    spare, in there, would read that it is home), self/fd lists the spare's fd numbers, and a
+    tmpfs of its own over `store` (where the next pod's IPAM files must not go)."""
+    real = scratch / "realproc"
+    real.mkdir()
+    script = ["set -e", f"mount --bind /proc {real}", "mount -t tmpfs liar-proc /proc"]
+    for d in ("self", "thread-self"):
+        script += [f"mkdir -p /proc/{d}/ns /proc/{d}/fd",
+                   f"touch /proc/{d}/ns/mnt /proc/{d}/ns/net",
+                   f"mount --bind {real}/{daemon}/ns/mnt /proc/{d}/ns/mnt",
+                   f"mount --bind {home_net} /proc/{d}/ns/net"]
+    fds = {int(fd) for fd in os.listdir(f"/proc/{spare}/fd")}
+    fds.add(min(set(range(len(fds) + 1)) - fds))  # the one its own listing will open
+    script += [f"touch /proc/self/fd/{fd}" for fd in sorted(fds)]
+    script += [f"mkdir -p {store}", f"mount -t tmpfs liar-store {store}"]
+    subprocess.run(["nsenter", "-t", str(liar), "-m", "sh", "-c", "\n".join(script)],
+                   check=True)
+
+
+@pytest.mark.root
+def test_a_caller_whose_proc_lies_does_not_keep_the_spare(
+        netns_factory, start_daemon, tmp_path: Path) -> None:  # noqa: F811
+    """A caller's mount namespace whose /proc says the spare is home when it is not: the spare
+    goes home by its own fds anyway, and the next pod (from the daemon's own namespaces, as a
+    node's shims are) gets its address written where it belongs, not into the liar's tmpfs."""
+    host, liar_net = netns_factory("pycni-host"), netns_factory("pycni-host")
+    pod, next_pod = netns_factory("pycni-pod"), netns_factory("pycni-pod")
+    # The liar's mount namespace must be older than the daemon's (which `ip netns exec` makes)
+    # to hold a bind mount of the daemon's: the kernel refuses the other way (a loop).
+    liar = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "600"])
+    store = tmp_path / "ipam"
+    try:
+        wait_for(lambda: os.readlink(f"/proc/{liar.pid}/ns/mnt")
+                 != os.readlink("/proc/self/ns/mnt"), "the liar's mount namespace")
+        daemon = start_daemon(host, "--spares", "1")
+        wait_for(lambda: daemon.status()["spares"]["warm"] == 1, "the spare warm")
+        spare = daemon.named("pycni-spare")
+        make_proc_lie(liar.pid, daemon.proc.pid, spare[0], host.path, store, tmp_path)
+        env = {"PATH": "/usr/bin:/bin", "CNI_CONTAINERID": "liar1", "CNI_IFNAME": "lo",
+               "CNI_PATH": str(BIN)}
+        flags = os.O_RDONLY | os.O_CLOEXEC
+        fds = [os.open(pod.path, flags), os.open(liar_net.path, flags),
+               os.open(f"/proc/{liar.pid}/ns/mnt", flags), os.open("/", flags | os.O_PATH)]
+        from cni.fast import protocol as proto
+
+        roles = dict(zip(proto.ROLES, fds, strict=True))
+        send_request(daemon.socket, "loopback", env | {"CNI_COMMAND": "ADD",
+                     "CNI_NETNS": pod.path}, LOOPBACK, roles)  # its answer does not matter
+        for fd in fds:
+            os.close(fd)
+        daemon.wait_served(1)
+        wait_for(lambda: daemon.status()["spares"]["warm"] == 1, "a warm spare")
+        # The next pod, from the daemon's own mount and network namespaces.
+        conf = {"cniVersion": "1.0.0", "name": "liarnet", "type": "host-local",
+                "ranges": [[{"subnet": "10.78.0.0/24"}]], "dataDir": str(store)}
+        fds = [os.open(next_pod.path, flags), os.open(host.path, flags),
+               os.open(f"/proc/{daemon.proc.pid}/ns/mnt", flags), os.open("/", flags | os.O_PATH)]
+        code, out = send_request(daemon.socket, "host-local", env | {
+            "CNI_COMMAND": "ADD", "CNI_NETNS": next_pod.path, "CNI_CONTAINERID": "next1",
+            "CNI_IFNAME": "eth0"}, conf | {"ipam": conf}, dict(zip(proto.ROLES, fds,
+                                                                  strict=True)))
+        for fd in fds:
+            os.close(fd)
+        assert code == 0, out
+        assert out["ips"][0]["address"] == "10.78.0.2/24"  # what a fresh process answers
+        assert (store / "liarnet" / "10.78.0.2").read_text().startswith("next1")
+        figures = daemon.status()
+        assert (figures["started"], figures["answered"], figures["forked"]) == (2, 2, 0)
+        wait_for(lambda: daemon.named("pycni-spare") == spare, "the spare back")
+        assert NOT_BACK not in daemon.log.read_text()  # home, by its own fds: serving still
+    finally:
+        liar.kill()
+        liar.wait()
