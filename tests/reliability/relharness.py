@@ -328,8 +328,19 @@ class Daemon:
         assert self.proc is not None
         return self.proc.pid  # `ip netns exec` execs python: the same pid
 
-    def env(self) -> dict[str, str]:
-        return {"PYCNI_SOCKET": str(self.socket)}
+    def env(self, fallback: bool = False) -> dict[str, str]:
+        """Requests to this daemon; unless `fallback`, only through it: a shim that finds no
+        daemon answers error 11 instead of running the plugin in-process."""
+        return {"PYCNI_SOCKET": str(self.socket)} | ({} if fallback else
+                                                     {"PYCNI_SHIM_FALLBACK": "0"})
+
+    def status(self) -> dict[str, Any]:
+        """The daemon's own figures (cni.fast.status): what it answered, forked, its spares."""
+        from cni.fast import status
+
+        figures = status.query(str(self.socket), timeout=TIMEOUT)
+        assert figures is not None, f"the daemon does not answer: {self.log.read_text()[-2000:]}"
+        return figures
 
     def stop(self) -> None:
         """SIGKILL the daemon and every child it forked (each runs in its own group)."""
