@@ -356,15 +356,18 @@ class Probe:
         self.env = {"CNI_CONTAINERID": "rlprobe-1", "CNI_NETNS": pod.path,
                     "CNI_IFNAME": ifname, "CNI_PATH": str(BIN)}
 
-    def run(self, via: dict[str, str]) -> tuple[str, list[str], list[str]]:
+    def run(self, via: dict[str, str], ready: Callable[[], object] = lambda: None
+            ) -> tuple[str, list[str], list[str]]:
         """(its ADD's answer, what the ADD changed on the host, what ADD+DEL left: a plugin's
         lasting state, the bridge, the store's bookkeeping), masked of what differs by
-        nature."""
+        nature. `ready` waits before each request (for the daemon's spare to be back)."""
         before = self.fz.snapshot()
         env = {**self.env, **via}
+        ready()
         code, out, err = self.call("ADD", env)
         assert code == 0, f"{self.plugin} probe ADD: {out[:500]!r} {err[-500:]!r}"
         made = before.diff(self.fz.snapshot())
+        ready()
         code, out_del, err = self.call("DEL", env)
         assert code == 0, f"{self.plugin} probe DEL: {out_del[:500]!r} {err[-500:]!r}"
         left = before.diff(self.fz.snapshot())
@@ -419,7 +422,8 @@ def _fuzz_through_a_spare(plugin: str, fz: Fuzz, netns_choices: list[str], net: 
         fz.case(plugin, env, conf, via_exec=True)
         after_case = _warm_spare(d)
         tally["cases_the_daemon_ran"] += after_case["started"] - before["started"]
-        assert probe.run(d.env()) == fresh, f"after {env} {conf}: not as a fresh process"
+        assert probe.run(d.env(), lambda: _warm_spare(d)) == fresh, \
+            f"after {env} {conf}: not as a fresh process"
         after = d.status()
         assert after["started"] == after_case["started"] + 2  # the probe's ADD and DEL
         assert after["forked"] == before["forked"], "a request forked: no spare served it"
@@ -430,9 +434,11 @@ def _fuzz_through_a_spare(plugin: str, fz: Fuzz, netns_choices: list[str], net: 
 
     one()
     leaks = leakcheck.find(fz.host, net.data_dir, net.cache_dir, ignore_links=("vethrlfz0",))
+    why = re.findall(r"exits instead of serving again: ([^:\n]*)", d.log.read_text())
     figures.record(name, plugin=plugin, via="daemon", cases=fz.cases, errors=fz.errors,
                    successes=fz.successes, problems=len(fz.problems), leaks=leaks.total(),
-                   spares=d.spares, **tally)
+                   spares=d.spares, **tally,
+                   retired_because={w: why.count(w) for w in sorted(set(why))})
     assert not fz.problems, f"{len(fz.problems)} problems:\n" + "\n".join(fz.problems[:8])
     assert leaks.empty(), str(leaks)
     assert tally["spares_reused"] > 0, tally  # most cases leave the spare fit to serve again
