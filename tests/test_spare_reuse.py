@@ -284,23 +284,23 @@ def send_request(path: Path, plugin: str, env: dict[str, str], conf: dict,
 def make_proc_lie(liar: int, daemon: int, spare: int, home_net: str, store: Path,
                   scratch: Path) -> None:
     """In the mount namespace of process `liar`: a tmpfs over /proc whose self/ns/{mnt,net}
-    and thread-self/ns/* are the daemon's own namespaces (bind mounts of nsfs files: the
-    spare, in there, would read that it is home), self/fd lists the spare's fd numbers, and a
-    tmpfs of its own over `store` (where the next pod's IPAM files must not go)."""
+    and thread-self/ns/* lead to the daemon's own namespaces (symlinks to the real nsfs files:
+    the spare, in there, would read that it is home), self/fd lists the spare's fd numbers,
+    and a tmpfs of its own over `store` (where the next pod's IPAM files must not go)."""
     real = scratch / "realproc"
     real.mkdir()
     script = ["set -e", f"mount --bind /proc {real}", "mount -t tmpfs liar-proc /proc"]
-    for d in ("self", "thread-self"):
+    for d in ("self", "thread-self"):  # symlinks: stat() follows them to the real nsfs files
         script += [f"mkdir -p /proc/{d}/ns /proc/{d}/fd",
-                   f"touch /proc/{d}/ns/mnt /proc/{d}/ns/net",
-                   f"mount --bind {real}/{daemon}/ns/mnt /proc/{d}/ns/mnt",
-                   f"mount --bind {home_net} /proc/{d}/ns/net"]
+                   f"ln -s {real}/{daemon}/ns/mnt /proc/{d}/ns/mnt",
+                   f"ln -s {home_net} /proc/{d}/ns/net"]
     fds = {int(fd) for fd in os.listdir(f"/proc/{spare}/fd")}
     fds.add(min(set(range(len(fds) + 1)) - fds))  # the one its own listing will open
     script += [f"touch /proc/self/fd/{fd}" for fd in sorted(fds)]
     script += [f"mkdir -p {store}", f"mount -t tmpfs liar-store {store}"]
-    subprocess.run(["nsenter", "-t", str(liar), "-m", "sh", "-c", "\n".join(script)],
-                   check=True)
+    made = subprocess.run(["nsenter", "-t", str(liar), "-m", "sh", "-cx", "\n".join(script)],
+                          capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr[-2000:]
 
 
 @pytest.mark.root
@@ -311,8 +311,6 @@ def test_a_caller_whose_proc_lies_does_not_keep_the_spare(
     node's shims are) gets its address written where it belongs, not into the liar's tmpfs."""
     host, liar_net = netns_factory("pycni-host"), netns_factory("pycni-host")
     pod, next_pod = netns_factory("pycni-pod"), netns_factory("pycni-pod")
-    # The liar's mount namespace must be older than the daemon's (which `ip netns exec` makes)
-    # to hold a bind mount of the daemon's: the kernel refuses the other way (a loop).
     liar = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "600"])
     store = tmp_path / "ipam"
     try:
