@@ -355,3 +355,40 @@ def test_a_caller_whose_proc_lies_does_not_keep_the_spare(
     finally:
         liar.kill()
         liar.wait()
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("spares", ["0", "1"])
+def test_what_a_double_forking_ipam_leaves_is_killed_with_its_request(
+        host: Netns, pod: Netns, plugins: Plugins, start_daemon, tmp_path: Path,  # noqa: F811
+        spares: str) -> None:
+    """bridge execs an IPAM wrapper that leaves a process behind (`sleep &`, orphaned when the
+    wrapper's own process ends): with a spare, the spare (a subreaper) kills and reaps it and
+    retires; with a child forked for the request, the daemon kills the child's process group
+    when it exits. Either way nothing of the request outlives it."""
+    bin_dir = tmp_path / "wrapbin"
+    bin_dir.mkdir()
+    pid_file = tmp_path / "orphan.pid"
+    script = bin_dir / "leaky-ipam"
+    script.write_text("#!/bin/sh\n"
+                      f"sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {pid_file}\n"
+                      f'exec {BIN}/host-local "$@"\n')
+    script.chmod(0o755)
+    daemon = start_daemon(host, "--spares", spares)
+    if spares == "1":
+        wait_for(lambda: daemon.status()["spares"]["warm"] == 1, "the spare warm")
+    conf = {"cniVersion": "1.0.0", "name": "leaknet", "type": "bridge", "bridge": "leakbr0",
+            "ipam": {"type": "leaky-ipam", "ranges": [[{"subnet": "10.76.0.0/24"}]],
+                     "dataDir": str(tmp_path / "ipam")}}
+    out = plugins.ok("bridge", "ADD", conf, netns=pod.path,
+                     env=daemon.env | {"CNI_PATH": f"{bin_dir}:{BIN}"})
+    assert out["ips"][0]["address"] == "10.76.0.2/24"
+    orphan = int(pid_file.read_text())
+    wait_for(lambda: not Path(f"/proc/{orphan}").exists(), "the orphan killed and reaped")
+    daemon.wait_served(2)  # bridge's ADD, and the host-local its wrapper exec'd (nested)
+    figures = daemon.status()
+    # the nested request finds the one spare busy with bridge's: it forks
+    assert figures["forked"] == (2 if spares == "0" else 1)
+    if spares == "1":
+        assert "the request left 1 process(es) (killed and reaped)" in daemon.log.read_text()
+        wait_for(lambda: daemon.status()["spares"]["retired"] == 1, "the spare retired")

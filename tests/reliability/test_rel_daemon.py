@@ -51,6 +51,8 @@ from relharness import (
 )
 from test_rel_faults import PLUGINS, Target, _clean_after_del, _ok, make_target
 
+from cni.fast.procs import comm
+
 pytestmark = pytest.mark.root
 
 
@@ -98,14 +100,6 @@ def _requests_running(d: Daemon) -> list[int]:
     maker and a child that has answered are named otherwise)."""
     return [pid for pid in _children(d) if comm(pid).startswith("pycni-")
             and comm(pid) not in IDLE_NAMES]
-
-
-def comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 def _child_soon(d: Daemon, proc: subprocess.Popen, rng: random.Random,
