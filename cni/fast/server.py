@@ -252,8 +252,9 @@ class Server:
             return
         p.buf += data
         head = bytes(p.buf[:len(proto.MAGIC)])
-        if head == proto.STATUS_MAGIC and not p.fds:
-            self._answer_status(self._unregister(fd), p.refused)
+        if head == proto.STATUS_MAGIC:
+            self._answer_status(self._unregister(fd), p.refused or (
+                "a status query carries no fds" if p.fds else ""), p.fds)
             return
         if not (proto.MAGIC.startswith(head) or proto.STATUS_MAGIC.startswith(head)):
             self._refuse(self._unregister(fd), "not a pycni request", fds=p.fds)
@@ -298,10 +299,10 @@ class Server:
                            "retired": self.counts.spares_retired,
                            "ordered": self.ordered}}  # asked of the zygote, not yet here
 
-    def _answer_status(self, conn: socket.socket, refused: str) -> None:
+    def _answer_status(self, conn: socket.socket, refused: str, fds: list[int]) -> None:
         """A status query: answered here, no child, no ACK (root only, as every request)."""
         if refused:
-            self._refuse(conn, refused)
+            self._refuse(conn, refused, fds=fds)
             return
         send_quietly(conn, proto.encode_reply(0, json.dumps(self.status()).encode(), b""))
         conn.close()
