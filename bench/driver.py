@@ -32,19 +32,24 @@ class Side:
     data_dir: Path
     env: dict[str, str] = field(default_factory=dict)  # PYCNI_SOCKET for ours
     network: str = "benchnet"
+    nftables: bool = False  # ask for the nftables backends (the reference v1.9's ipMasqBackend,
+    # portmap's backend; ours only has them, v1.1.1 knows neither key)
 
     def chain(self, index: int) -> list[dict[str, Any]]:
         """The pod chain: loopback, then bridge + host-local, portmap (two ports), bandwidth.
 
         hostPorts differ per pod so concurrent pods never compete for one."""
         port = 20000 + 2 * index
+        backends = ({"ipMasqBackend": "nftables"}, {"backend": "nftables"}) if self.nftables \
+            else ({}, {})
         return [
             {"type": "loopback"},
             {"type": "bridge", "bridge": self.bridge, "isGateway": True, "ipMasq": True,
-             "hairpinMode": True,
+             "hairpinMode": True, **backends[0],
              "ipam": {"type": "host-local", "ranges": [[{"subnet": self.subnet}]],
                       "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(self.data_dir)}},
             {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True,
+             **backends[1],
              "runtimeConfig": {"portMappings": [
                  {"hostPort": port, "containerPort": 80, "protocol": "tcp"},
                  {"hostPort": port + 1, "containerPort": 53, "protocol": "udp"}]}},

@@ -1,7 +1,8 @@
 """`make bench`: the pod chain through the reference Go plugins and through pycni, side by side.
 
-Sides: the reference (/usr/lib/cni), pycni with its daemon, pycni without it (every exec
-imports everything). They run interleaved A/B/C in one process on the same machine, through one
+Sides: the reference (/usr/lib/cni, Debian's v1.1.1), the reference v1.9.1 with its nftables
+backends (../shared/reference/bin, when there), pycni with its daemon, pycni without it (every
+exec imports everything). They run interleaved in one process on the same machine, through one
 driver (driver.py) that execs plugins as libcni does. Everything happens in throwaway namespaces:
 a private mount namespace (its own /run/netns), one "host" netns this process enters, a pod
 netns per pod, a tmp dataDir. Writes a table to stdout and bench/RESULTS.md.
@@ -51,6 +52,9 @@ from cni import registry  # noqa: E402
 
 VENV_PY = ROOT / ".venv" / "bin" / "python"
 REFERENCE = Path("/usr/lib/cni")
+# The newest reference (v1.9.1, nftables backends), built beside every checkout (README there)
+REFERENCE_V19 = (ROOT / ".." / "shared" / "reference" / "bin").resolve()
+V19 = "reference v1.9.1"
 PLUGINS = registry.NAMES
 CHAIN = ("loopback", "bridge", "portmap", "bandwidth")
 RESULTS = ROOT / "bench" / "RESULTS.md"
@@ -385,11 +389,20 @@ def target_note(metric: str, col: str, values: list[float] | None,
     return ""
 
 
+def ratio_target(metric: str, col: str) -> bool:
+    """Whether the metric's target (for this column) is a ratio to a reference."""
+    return metric in TARGETS or (metric.endswith("ADD, wall") and col == "pycni+daemon") or (
+        metric == "whole chain ADD" and col == "pycni (no daemon)")
+
+
 def table(s: Samples, sides: list[Side], extra: list[tuple[str, dict[str, str]]]) -> str:
+    """Ratios are to the first column (Debian's v1.1.1) and, for ours, to v1.9.1 too when it
+    runs; ratio targets are judged against both."""
     names = [side.name for side in sides]
+    second = V19 if V19 in names else None
     head = ["metric (ms: median / p90)", *names[:1]]
     for n in names[1:]:
-        head += [n, "ratio"]
+        head += [n, "ratio"] + (["vs v1.9.1"] if second and n != second else [])
     head.append("target")
     rows = [head, ["---"] * len(head)]
     for metric in s.order:
@@ -399,7 +412,14 @@ def table(s: Samples, sides: list[Side], extra: list[tuple[str, dict[str, str]]]
         notes = []
         for n in names[1:]:
             row += [cell(by.get(n), counting), ratio(by.get(n), by.get(names[0]), counting)]
+            if second and n != second:
+                row.append(ratio(by.get(n), by.get(second), counting))
+            if n.startswith("reference"):
+                continue
             note = target_note(metric, n, by.get(n), by.get(names[0]), s)
+            if second and ratio_target(metric, n):
+                note19 = target_note(metric, n, by.get(n), by.get(second), s)
+                note = f"{note or '-'} / vs v1.9.1: {note19}" if note19 else note
             if note:
                 notes.append(f"{SHORT.get(n, n)}: {note}")
         row.append("; ".join(notes))
@@ -408,6 +428,8 @@ def table(s: Samples, sides: list[Side], extra: list[tuple[str, dict[str, str]]]
         row = [metric, by_side.get(names[0], "")]
         for n in names[1:]:
             row += [by_side.get(n, ""), by_side.get(f"{n} ratio", "")]
+            if second and n != second:
+                row.append(by_side.get(f"{n} ratio v1.9.1", ""))
         row.append(by_side.get("target", ""))
         rows.append(row)
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
@@ -422,6 +444,8 @@ def rss_lines(s: Samples, sides: list[Side], daemon_kb: dict[str, int]) -> list[
     for n in names[1:]:
         if ref and n in peak:
             row[f"{n} ratio"] = f"{peak[n] / ref:.2f}x"
+        if peak.get(V19) and n in peak and n != V19:
+            row[f"{n} ratio v1.9.1"] = f"{peak[n] / peak[V19]:.2f}x"
     shim = peak.get("pycni+daemon")
     row["target"] = "" if shim is None else (
         "shim ok" if shim <= SHIM_RSS_MB else f"shim MISSED (<= {SHIM_RSS_MB} MB)")
@@ -464,8 +488,10 @@ def machine() -> list[str]:
             return (p.stdout or p.stderr).strip()
         except OSError:
             return "?"
-    ref_about = subprocess.run([str(REFERENCE / "bridge")], capture_output=True, text=True,
-                               env={}).stderr.splitlines()
+    ref_about, ref19_about = (subprocess.run([str(d / "bridge")], capture_output=True, text=True,
+                                             env={}).stderr.splitlines()
+                              if (d / "bridge").exists() else []
+                              for d in (REFERENCE, REFERENCE_V19))
     model = next((ln.split(":", 1)[1].strip() for ln in
                   Path("/proc/cpuinfo").read_text().splitlines()
                   if ln.startswith("model name")), "?")
@@ -475,7 +501,9 @@ def machine() -> list[str]:
             f"- pycni: {out('git', 'rev-parse', '--short', 'HEAD')}"
             f"{' (dirty tree)' if out('git', 'status', '--porcelain', '--', 'cni', 'bin') else ''}",
             f"- reference: {out('dpkg-query', '-W', 'containernetworking-plugins')} "
-            f"({ref_about[0] if ref_about else '?'})",
+            f"({ref_about[0] if ref_about else '?'}); "
+            f"{V19}: {ref19_about[0] if ref19_about else '?'}"
+            ' (nftables backends: ipMasqBackend and portmap backend "nftables")',
             f"- iptables: {out('iptables', '--version')}; nft: {out('nft', '--version')}"]
 
 
@@ -500,6 +528,9 @@ def main() -> int:
     parser.add_argument("--cri-pods-no-daemon", type=int, default=None,
                         help="CRI pods without the daemon (each takes seconds; default 3, "
                              "or none with --cri-pods 0)")
+    parser.add_argument("--no-full-node", action="store_true",
+                        help="skip the full-node section (bench/fullnode.py; its fills: "
+                             "PYCNI_BENCH_FILL, default 0,110,250)")
     args = parser.parse_args()
     if args.cri_pods_no_daemon is None:
         args.cri_pods_no_daemon = min(3, args.cri_pods)
@@ -512,6 +543,8 @@ def main() -> int:
     daemon = Daemon.start(tmp)
     sides = [
         Side("reference", REFERENCE, "bref0", "10.98.0.0/16", tmp / "ref-ipam"),
+        *([Side(V19, REFERENCE_V19, "bref9", "10.96.0.0/16", tmp / "ref9-ipam",
+                nftables=True)] if (REFERENCE_V19 / "bridge").exists() else []),
         Side("pycni+daemon", ours, "bpyd0", "10.99.0.0/16", tmp / "pyd-ipam",
              env={"PYCNI_SOCKET": str(daemon.socket)}),
         Side("pycni (no daemon)", ours, "bpyn0", "10.97.0.0/16", tmp / "pyn-ipam",
@@ -519,6 +552,7 @@ def main() -> int:
     ]
     s = Samples()
     daemon_kb: dict[str, int] = {}
+    full_node: list[str] = []
     try:
         note_load("start")
         bench_version(sides, args.version_runs, s)
@@ -535,9 +569,16 @@ def main() -> int:
         if args.cri_pods or args.cri_pods_no_daemon:
             from cri_pods import bench_cri  # imports integration/'s helpers: only when asked
 
-            bench_cri([side.name for side in sides], args.cri_pods, args.cri_pods_no_daemon,
+            bench_cri([side.name for side in sides if side.name != V19], args.cri_pods,
+                      args.cri_pods_no_daemon,
                       s.add, s.errors.append)
             note_load("after CRI")
+        if not args.no_full_node:
+            from fullnode import run_section  # its own nodes, daemon and cnitool
+
+            (tmp / "fullnode").mkdir()
+            full_node = run_section(tmp / "fullnode", ours, Daemon.start)
+            note_load("after the full node")
     finally:
         daemon.stop()
     lines = ["# pycni vs the reference CNI plugins", "",
@@ -545,10 +586,12 @@ def main() -> int:
              "", *machine(), load_line(), f"- pycni executables: {ours_how}",
              f"- runs: {args.iterations} pods one at a time per side, {args.version_runs} "
              f"VERSION per plugin, {args.pods} concurrent pods x {args.rounds} rounds "
-             f"({args.rounds_no_daemon} without the daemon), interleaved A/B/C; "
+             f"({args.rounds_no_daemon} without the daemon), interleaved; "
              f"{args.cri_pods} pods through containerd's CRI per side "
              f"({args.cri_pods_no_daemon} without the daemon), one at a time, interleaved", ""]
     lines.append(table(s, sides, rss_lines(s, sides, daemon_kb)))
+    if full_node:
+        lines += ["", *full_node]
     if s.error_lines():
         lines += ["", "## Errors and leftovers", "",
                   *[f"- {e}" for e in s.error_lines()[:40]]]

@@ -301,7 +301,8 @@ def daemon_status_findings(path: str) -> list[Finding]:
 
 def python_findings() -> list[Finding]:
     out = []
-    for mod, fix in (("pyroute2", "make setup"), ("pydantic_core", "make setup"),
+    for mod, fix in (("pyroute2", "make setup"), ("pydantic", "make setup"),
+                     ("netaddr", "make setup"),
                      ("nftables", "apt-get install libnftables1, then make setup")):
         try:
             __import__(mod)

@@ -44,6 +44,7 @@ class Reply(NamedTuple):
     stdout: bytes
     stderr: bytes
     code: int
+    removed: int = 0  # objects a GC removed (the daemon's metrics count them; never printed)
 
     def to_dict(self) -> dict:
         return {"stdout": self.stdout.decode("utf-8", "replace"),
@@ -127,8 +128,8 @@ def run(plugin: str, env: Mapping[str, str], stdin: bytes, netns: int | None = N
             log=lambda msg: err.write(f"{plugin}: {msg}\n"),
         )
         _check_not_own_netns(req)
-        out = dispatch(req)
-        return Reply(out.encode(), err.getvalue().encode(), 0)
+        out, removed = dispatch(req)
+        return Reply(out.encode(), err.getvalue().encode(), 0, removed)
     except CNIError as e:
         return Reply(e.to_json(version).encode(), err.getvalue().encode(), 1)
     except HostError as e:  # the kernel layer's own: its message as it is
@@ -143,15 +144,16 @@ def run(plugin: str, env: Mapping[str, str], stdin: bytes, netns: int | None = N
                      err.getvalue().encode(), 1)
 
 
-def dispatch(req: Request) -> str:
-    """Call the plugin's verb; ADD's result is printed in the config's version."""
+def dispatch(req: Request) -> tuple[str, int]:
+    """Call the plugin's verb; ADD's result is printed in the config's version. -> (stdout,
+    how many objects a GC removed: its gc's return value)."""
     module = load(req.plugin)
     verb = {"ADD": "add", "CHECK": "check", "DEL": "delete", "GC": "gc",
             "STATUS": "status"}[req.command]
     fn = getattr(module, verb, None)
     if fn is None:
         if req.command in ("GC", "STATUS"):
-            return ""  # nothing to collect, always available
+            return "", 0  # nothing to collect, always available
         raise CNIError(Code.INTERNAL, f"{req.plugin} has no {req.command}")
     if req.command == "ADD":
         deleted.forget(req.plugin, req.container_id, req.ifname)
@@ -159,9 +161,9 @@ def dispatch(req: Request) -> str:
     if req.command == "DEL":
         deleted.mark(req.plugin, req.container_id, req.ifname, time.time())
     if req.command != "ADD":
-        return ""
+        return "", result if req.command == "GC" and isinstance(result, int) else 0
     from cni.spec.result import from_current
-    return json.dumps(from_current(result, req.version), indent=4)
+    return json.dumps(from_current(result, req.version), indent=4), 0
 
 
 def require_printable(result: dict | None, version: str) -> None:

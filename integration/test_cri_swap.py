@@ -97,6 +97,8 @@ def pod_firewall(n: CRINode, network: str, pod_id: str, ips: list[str]) -> dict[
             chain = m[1]
             if chain in chains and table.split()[1] not in XTABLES:
                 out["nft"].append(f"{table} chain {chain}")
+        elif re.match(r'continue comment "=[a-z] ', line):
+            continue  # a record's meta (handles, facts: cni.host.nftrecord), not a rule
         elif (chain and line not in ("}", "") and not line.startswith(("type ", "policy "))
               and table.split()[1] not in XTABLES
               and (chain in chains or any(w in line for w in words))):

@@ -21,7 +21,9 @@ literal strings in tests/test_parity.py.
 - FIXED portmap conditions: any match nftables accepts (`meta pkttype host`); statements are
   still refused (DELIBERATE: the reference pastes any text into its rules).
 - FIXED the bridge is operstate UP (its MAC is pinned after the first port joins, not before);
-  veths have txqueuelen 0.
+  host veth ends have txqueuelen 0.
+- DELIBERATE the pod's veth end keeps the kernel's txqueuelen 1000, as v1.9's does (1.1.1's
+  has 0): a qdisc a pod installs on its eth0 gets a real queue (issue 25).
 - FIXED preserveDefaultVlan defaults to false; vlan and vlanTrunk together are accepted.
 - DELIBERATE masquerade and hostPorts use nftables only; the 1.1.1 oracle uses iptables, so here
   we compare traffic, not rules. Swapped under a live pod, each side's DEL leaves exactly the
@@ -168,7 +170,12 @@ def test_bridge_host_local(sides, subnets, version) -> None:
         outs = both(sides, "ADD", conf, pod)
         results[pod] = outs
         same(sides, outs)
-        assert pod_state(sides["ours"].pods[pod]) == pod_state(sides["ref"].pods[pod])
+        ours, ref = pod_state(sides["ours"].pods[pod]), pod_state(sides["ref"].pods[pod])
+        # DELIBERATE: the pod's veth keeps the kernel's txqueuelen 1000, as v1.9's does (issue
+        # 25); 1.1.1's has 0.
+        assert (ours["links"]["eth0"]["txqlen"], ref["links"]["eth0"]["txqlen"]) == (1000, 0)
+        ref["links"]["eth0"]["txqlen"] = 1000
+        assert ours == ref
     # Same store files (names are the IPs; content "<id>\r\n<ifname>") on both sides.
     assert store_files(sides["ours"].data_dir, "br-diff") == \
         store_files(sides["ref"].data_dir, "br-diff")

@@ -10,7 +10,8 @@ APT_RUNTIME="python3 python3-venv iproute2 nftables libnftables1 conntrack kmod"
 # buildah for the offline image, iptables for the reference portmap in the differential test,
 # Go and Debian's libcni to build our cnitool (integration/cnitool).
 APT_TEST="containernetworking-plugins iperf3 busybox-static procps psmisc iputils-ping ncat
-  containerd runc podman buildah iptables curl util-linux golang-go golang-github-appc-cni-dev"
+  containerd runc podman buildah iptables curl util-linux golang-go golang-github-appc-cni-dev
+  prometheus"
 # shellcheck disable=SC2086
 scripts/apt-install.sh $APT_RUNTIME ${PYCNI_TEST_PACKAGES:-$APT_TEST} | sed 's/^/setup: /'
 

@@ -103,8 +103,7 @@ class Plugins:
         return out
 
 
-HEAVY_MODULES = ("pyroute2", "pydantic_core._pydantic_core", "pydantic_core", "pydantic", "click",
-                 "nftables")
+HEAVY_MODULES = ("pyroute2", "pydantic", "pydantic_core", "netaddr", "click", "nftables")
 
 
 def probe_binary(plugin: str, env: dict[str, str], stdin: bytes = b"",

@@ -8,10 +8,10 @@ import os
 import threading
 
 import pytest
+from pyroute2 import NetlinkError
 
-from cni.host import ifb, linkgone, links, netns, rtnl, veth
+from cni.host import ifb, linkgone, links, netns, veth
 from cni.host.errors import HostError
-from cni.host.nlsocket import NetlinkError
 
 pytestmark = pytest.mark.root
 
@@ -21,16 +21,14 @@ def held_answer(monkeypatch):
     """The helper thread's request reaches the kernel, but its answer is held back until the
     test lets it go: a remove() that returns meanwhile returned on the announcements."""
     release, answered = threading.Event(), threading.Event()
-    real = rtnl.Rtnl.request
+    real = linkgone._answer
 
-    def request(self, *args):
-        out = real(self, *args)
-        if threading.current_thread().name == "pycni-linkdel":
-            release.wait(10)
-            answered.set()
-        return out
+    def answer(data: bytes):
+        release.wait(10)
+        answered.set()
+        return real(data)
 
-    monkeypatch.setattr(rtnl.Rtnl, "request", request)
+    monkeypatch.setattr(linkgone, "_answer", answer)
     yield answered
     release.set()
 

@@ -91,14 +91,18 @@ def test_addresses_have_broadcast_and_v6_survives_link_down(plugins, host, pod,
 
 
 @pytest.mark.root
-def test_bridge_is_up_and_veths_have_no_tx_queue(plugins, host, pod, tmp_path) -> None:
+def test_bridge_is_up_and_only_the_pods_veth_end_has_a_tx_queue(plugins, host, pod,
+                                                                 tmp_path) -> None:
+    """The host end has txqueuelen 0, the pod's eth0 the kernel's default 1000, as the
+    reference leaves them: a qdisc a pod installs on its eth0 gets a real queue."""
     out = add(plugins, conf(tmp_path), pod)
     links = host.links()
     assert links["cni0"]["operstate"] == "UP"
     assert links["cni0"]["address"] == out["interfaces"][0]["mac"]
     assert host.run("cat", "/sys/class/net/cni0/addr_assign_type").stdout.strip() == "3"
     assert links[out["interfaces"][1]["name"]].get("txqlen", 0) == 0
-    assert pod.links()["eth0"].get("txqlen", 0) == 0
+    assert pod.links()["eth0"]["txqlen"] == 1000
+    assert pod.run("cat", "/sys/class/net/eth0/tx_queue_len").stdout.strip() == "1000"
 
 
 @pytest.mark.root

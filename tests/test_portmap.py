@@ -248,6 +248,41 @@ def test_check_passes_then_fails_when_a_rule_is_gone(plugins, node, host) -> Non
     assert code == 1 and "missing hostport rule" in out["msg"], out
 
 
+def recorded_rules(host, family: str, chain: str) -> list[dict]:
+    """The rules a record's meta points at (record chain handle + offsets), as listed."""
+    objs = host.nft_ruleset().get("nftables", [])
+    base = next(o["chain"]["handle"] for o in objs if "chain" in o
+                and o["chain"]["family"] == family and o["chain"]["name"] == chain)
+    wanted = set()
+    for o in objs:
+        rule = o.get("rule", {})
+        words = str(rule.get("comment", "")).split(" ")
+        if rule.get("family") == family and rule.get("chain") == chain and words[0] == "=h":
+            wanted |= {(words[1], base + int(n)) for n in words[2].split(",")}
+    return [o["rule"] for o in objs if "rule" in o and o["rule"]["family"] == family
+            and (o["rule"]["chain"], o["rule"]["handle"]) in wanted]
+
+
+def test_the_record_points_at_exactly_the_attachments_rules(plugins, node, host) -> None:
+    """DEL and CHECK find an attachment's rules through its record (handles), not a listing of
+    the table: each record must name exactly its own rules, for pods added one after another."""
+    pod_a, pod_b = pods(node)
+    add(plugins, node, pod_a, [mapping("tcp"), mapping("udp")], cid="ctr-a")
+    add(plugins, node, pod_b, [mapping("tcp", host_port=8081)], cid="ctr-b")
+    add(plugins, node, pod_a, [mapping("tcp", host_port=8082)], cid="ctr-a")  # a re-ADD
+    for cid in ("ctr-a", "ctr-b"):
+        chain = hostport.record_chain(cid, "pmnet", "eth0")
+        for family in ("ip", "ip6"):
+            mine = [r for r in rules_with(host, cid) if r["family"] == family]
+            assert mine and sorted(r["handle"] for r in recorded_rules(host, family, chain)) \
+                == sorted(r["handle"] for r in mine)
+    assert not any("8080" in str(r["expr"]) for r in rules_with(host, "ctr-a"))
+    delete(plugins, node, pod_a, cid="ctr-a")
+    assert rules_with(host, "ctr-a") == [] and rules_with(host, "ctr-b")
+    assert [c for _, c, _ in records(host)] == 2 * [hostport.record_chain("ctr-b", "pmnet",
+                                                                         "eth0")]
+
+
 def second_network(node, pod, name="othernet", ifname="net1", n=5) -> dict:
     """A second attachment of the same container: another network, interface and address."""
     prev = node.prev_result(pod, ifname=ifname)
@@ -377,6 +412,8 @@ def test_rules_of_earlier_releases_are_removed(plugins, node, host, verb) -> Non
     add(plugins, node, pod_a, [mapping("tcp", host_port=8081)], cid="ctr-z")
     for line in LEGACY:
         host.run("nft", line)
+    for family in ("ip", "ip6"):  # a table an older release wrote to: it says nothing of legacy
+        host.run("nft", "delete", "chain", family, "cni_hostport", hostport.NO_LEGACY)
     assert len(rules_with(host, "ctr-a pmnet eth0")) == 3
     if verb == "DEL":
         delete(plugins, node, pod_a, cid="ctr-a")

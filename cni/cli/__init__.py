@@ -2,7 +2,7 @@
 imported only when it runs, so `pycni add` never pays for install, doctor or the daemon:
 
 - cni/cli/runner.py: add, check, del, gc, status, version (cnitool-compatible, libcni's cache);
-- cni/cli/node.py: install, uninstall, doctor;
+- cni/cli/node.py: install, uninstall, doctor, attachments;
 - cni/fast/daemon.py: daemon (the plugins' forkserver);
 - demo, below (cni/demo.py does the work).
 """
@@ -73,6 +73,8 @@ COMMANDS = (
     ("install", "cni.cli.node:install", "Install the plugins and a conflist."),
     ("uninstall", "cni.cli.node:uninstall", "Remove what install wrote."),
     ("doctor", "cni.cli.node:doctor", "Check this host for what plugins need."),
+    ("attachments", "cni.cli.node:attachments", "Every attachment on this node, what it owns, "
+     "orphans."),
     ("daemon", "cni.fast.daemon:command", "Run the plugins' forkserver."),
 )
 for _name, _target, _help in COMMANDS:

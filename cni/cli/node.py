@@ -1,4 +1,4 @@
-"""`pycni install`, `pycni uninstall` and `pycni doctor` (loaded lazily by
+"""`pycni install`, `pycni uninstall`, `pycni doctor` and `pycni attachments` (loaded lazily by
 cni/cli, so `pycni add` never imports this)."""
 
 from __future__ import annotations
@@ -75,3 +75,20 @@ def doctor(bin_dir: Path, conf_dir: Path, as_json: bool) -> None:
     findings = doc.run_all(bin_dir, conf_dir)
     click.echo(doc.render(findings, as_json=as_json))
     sys.exit(1 if any(f.status == doc.FAIL for f in findings) else 0)
+
+
+@click.command()
+@click.option("--network", default=None, metavar="NAME", help="Only this network's.")
+@click.option("--json", "as_json", is_flag=True, help="JSON for scripts (a list, one object "
+              "per attachment).")
+@click.option("--conf-dir", envvar="NETCONFPATH", default="/etc/cni/net.d", show_default=True,
+              help="Where the conflists are (env NETCONFPATH).")
+@click.option("--cache-dir", envvar="PYCNI_CACHE_DIR", default="/var/lib/cni",
+              show_default=True, help="libcni's cache dir (env PYCNI_CACHE_DIR).")
+def attachments(network: str | None, as_json: bool, conf_dir: str, cache_dir: str) -> None:
+    """Every attachment on this node and what it owns (cache, reservations, veth, ifb, rules),
+    orphans flagged both ways; changes nothing."""
+    from cni import attachments as att
+
+    rows = att.discover(conf_dir, cache_dir, network)
+    click.echo(att.to_json(rows) if as_json else att.table(rows))

@@ -44,6 +44,7 @@ _JOB_HEADER = struct.Struct("!Q")
 SPARE_READY = b"W"  # a spare to the parent, with its pid: warm (or back), hand me a request
 _PID = struct.Struct("!I")
 READY_SIZE = len(b"W") + _PID.size
+after_reply: Callable[[object], None] | None = None  # told each reply sent (metrics.py)
 
 
 def ready_pid(message: bytes) -> int | None:
@@ -184,6 +185,8 @@ def run_request(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes
         set_name(DONE)  # the parent must not take the caller's close for a hang-up now
         conn.sendall(proto.encode_reply(reply.code, reply.stdout, reply.stderr))
         code = 0
+        if after_reply is not None:
+            after_reply(reply)
     except BaseException:  # noqa: BLE001 - whatever happened, the parent answers for us
         log.exception("request failed in the child")
     finally:

@@ -1,6 +1,7 @@
 """`pycni daemon`: a forkserver that has the heavy modules imported once.
 
-The parent imports pydantic-core's engine, nftables and every plugin module (preload.py),
+The parent imports pydantic, nftables and every plugin module and builds every config model's
+validator (preload.py),
 then only accepts connections and reads requests (server.py: non-blocking, each with a deadline,
 so idle or slow clients block nobody). A complete request gets a forked child (child.py): it
 ACKs, enters the caller's mount and network namespaces and working directory, takes the caller's
@@ -71,13 +72,28 @@ def run_daemon(opts: Options, runner: Runner | None = None) -> int:
 @click.option("--spares", type=int, default=Options.spares, show_default=True,
               help="Children forked and warmed ahead of requests; each serves request after "
                    "request.")
+@click.option("--metrics-listen", metavar="HOST:PORT", envvar="PYCNI_METRICS_LISTEN",
+              default="", callback=lambda _ctx, _param, value: _listen(value),
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (off by default; "
+                   "env PYCNI_METRICS_LISTEN).")
 @click.option("-v", "--verbose", is_flag=True, help="Log every request served.")
 def command(socket_path: str, timeout: float, max_children: int, spares: int,
-            verbose: bool) -> None:
+            metrics_listen: str, verbose: bool) -> None:
     """Run the forkserver the plugin executables hand their requests to."""
     raise SystemExit(run_daemon(Options(socket_path=socket_path, timeout=timeout,
                                         max_children=max_children, spares=spares,
-                                        verbose=verbose)))
+                                        metrics_listen=metrics_listen, verbose=verbose)))
+
+
+def _listen(value: str) -> str:
+    """--metrics-listen checked before anything starts (prometheus_client only when set)."""
+    if value:
+        from cni.fast.metrics import parse_listen
+        try:
+            parse_listen(value)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+    return value
 
 
 if __name__ == "__main__":

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import struct
+from collections.abc import Iterator
 
 
 def fds_from(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
@@ -16,6 +18,21 @@ def fds_from(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
     for fd in fds:
         os.set_inheritable(fd, False)
     return fds
+
+
+def accepted(listener: socket.socket) -> Iterator[socket.socket]:
+    """Every connection waiting on a non-blocking listener, made non-blocking. An accept error
+    (EMFILE and friends) is logged and ends this round: keep serving what we have."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            logging.getLogger("pycni.daemon").warning("accept: %s", e)
+            return
+        conn.setblocking(False)
+        yield conn
 
 
 def close_all(fds: list[int]) -> None:

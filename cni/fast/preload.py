@@ -9,13 +9,16 @@ import os
 
 log = logging.getLogger("pycni.daemon")
 
-# pyroute2 is not among them: every verb builds its netlink requests with host/rtnl.py (only
-# pyroute2's NetlinkError is used, below); its IPRoute (nlsocket.py) is the tests' oracle.
-HEAVY_MODULES = ("cni.spec.config", "nftables", "cni.skel")  # config: pydantic-core
+# pyroute2: every netlink request goes through its IPRoute (~90 ms to import, once here).
+HEAVY_MODULES = ("cni.spec.config", "nftables", "cni.skel", "pyroute2")  # config: pydantic
 # Imported inside functions on the request path: imported here, or every child pays for it
 # (bandwidth's tc/ifb/peer alone cost ~3 ms a request: module bodies, dataclass builds);
 # subprocess for an IPAM plugin that is not ours (~2.5 ms).
-LAZY_MODULES = ("pyroute2.netlink.exceptions", "traceback", "subprocess")
+# pyroute2's message classes the verbs use by module (dumps.py, tc.py, linkgone.py, conntrack).
+LAZY_MODULES = ("pyroute2.netlink.rtnl.ifaddrmsg", "pyroute2.netlink.rtnl.tcmsg",
+                "pyroute2.netlink.rtnl.marshal", "pyroute2.netlink.nfnetlink.nfctsocket",
+                "traceback", "subprocess",
+                "pyroute2.netlink.nfnetlink.nftsocket")  # cni.host.nftrecord.comments
 PACKAGES = ("cni.spec", "cni.host", "cni.ipam", "cni.plugins")  # every module in them, too
 
 
@@ -66,26 +69,33 @@ WARM_UP_CONFIG = b'{"cniVersion":"1.1.0","name":"pycni-warm-up","type":"loopback
 
 
 def warm_up(netlink: bool = True) -> None:
-    """Touch what every request touches: skel and the plugin modules; with `netlink`, a
-    netlink socket too (read-only, own netns). The parent does it all once before it forks;
-    a spare skips the netlink reads: they cost each request ~5 ms of CPU (its spare's) while
-    requests now read links with host/rtnl.py, so it only builds and drops one socket."""
+    """Touch what every request touches: skel and the plugin modules; with `netlink`, pyroute2
+    too: every kind of request the verbs send encoded once (an IPBatch: nothing is sent) and
+    the replies they parse read once (read-only, own netns). The parent does it all once
+    before it forks; a spare skips that (the encoders and parsers are built in the image it
+    was forked from) and instead keeps one IPRoute of its own for its namespace, from request
+    to request (netns.keep_home_socket: made here, before the spare records its fds)."""
     from cni import skel
-    from cni.host import links, netns
+    from cni.host import dumps, links, netns, warm
     from cni.registry import PLUGINS
 
     for plugin in PLUGINS:
         skel.run(plugin, {"CNI_COMMAND": "VERSION"}, b'{"cniVersion":"1.0.0"}')
     # One real request, read-only: loopback CHECK of our own namespace's lo. It walks what every
-    # request walks (env and config checks, keys, netns.entered, rtnl): a request after it
+    # request walks (env and config checks, keys, netns.entered, IPRoute): a request after it
     # runs in about half the time (loopback ADD in a spare: ~1.0 -> ~0.5 ms).
     skel.run("loopback", WARM_UP_ENV, WARM_UP_CONFIG)
     try:
+        if not netlink:
+            netns.keep_home_socket()
         with netns.iproute() as ipr:
             if netlink:
                 lo = links.get(ipr, "lo")
                 if lo is not None:
-                    ipr.raw.addresses(lo.index)
+                    dumps.addresses(ipr, lo.index)
+        if netlink:
+            warm.encode_requests()
+            warm.read_replies()
     except Exception as e:  # warming is an optimisation only
         log.debug("warm-up: %s", e)
 

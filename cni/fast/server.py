@@ -27,7 +27,7 @@ from cni.fast.child import (
     run_child,
     spare_main,
 )
-from cni.fast.fds import close_all, drain, fds_from, peer_gone, send_quietly
+from cni.fast.fds import accepted, close_all, drain, fds_from, peer_gone, send_quietly
 from cni.fast.listener import inode, sd_notify, sock_name
 from cni.fast.preload import private_netns
 from cni.fast.procs import comm, fork_with_socket, own_group, parent
@@ -48,6 +48,7 @@ class Options:
     spares: int = 2  # children forked and warmed ahead, so a request pays neither; reused
     max_pending: int = 4096  # connections still sending; the oldest go first beyond this
     verbose: bool = False  # log every request served
+    metrics_listen: str = ""  # HOST:PORT serving GET /metrics (metrics.py); "" = off
 
 
 @dataclass
@@ -84,6 +85,7 @@ class Ready:
     key: tuple[str, str] | None  # (container ID, ifname): one request at a time per attachment
     peer: int = 0  # the client's pid
     held: bool = False  # waiting for a request on the same attachment
+    received: float = field(default_factory=time.monotonic)  # complete (metrics' latency)
 
 
 @dataclass
@@ -110,6 +112,7 @@ class Job:
     timed_out: bool = False
     abandoned: bool = False  # its caller went away (the runtime killed the plugin)
     watched: bool = True  # its connection is in the selector (for the caller hanging up)
+    received: float = 0.0  # when its request was complete (Ready.received)
 
 
 class Server:
@@ -134,6 +137,7 @@ class Server:
         self.ordered = 0  # spares asked of the zygote and not received yet
         self.warm_netns: int | None = None  # where spares warm up (preload.private_netns)
         self.counts = Counts()
+        self.metrics = None  # metrics.Metrics when --metrics-listen is set
 
     # The loop ----------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -143,6 +147,9 @@ class Server:
         self.sel.register(self.wake_r, selectors.EVENT_READ, self._wake)
         if self.opts.spares > 0:
             self.warm_netns = private_netns()
+        if self.opts.metrics_listen:  # before any fork: children inherit its outcome socket
+            from cni.fast.metrics import Metrics
+            self.metrics = Metrics(self, self.opts.metrics_listen)
         self._start_zygote()
         log.info("pycni daemon %d listening on %s", os.getpid(), sock_name(self.listener))
         sd_notify(f"READY=1\nSTATUS=serving on {sock_name(self.listener)}\nMAINPID={os.getpid()}")
@@ -152,6 +159,8 @@ class Server:
             self._handle_signals()
             self._reap()
             self._expire()
+            if self.metrics:
+                self.metrics.expire()
             self._start_queued()
             self._refill_spares()
         self._close_listener()
@@ -213,17 +222,9 @@ class Server:
 
     # Connections ------------------------------------------------------------------------------
     def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:  # EMFILE and friends: keep serving what we have
-                log.warning("accept: %s", e)
-                return
+        for conn in accepted(listener):
             pid, uid, _gid = _CRED.unpack(
                 conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
-            conn.setblocking(False)
             if len(self.pending) >= self.opts.max_pending:
                 self._drop(next(iter(self.pending)))  # the oldest: most likely idle
             p = Pending(conn, time.monotonic() + self.opts.read_timeout, peer=pid)
@@ -368,6 +369,8 @@ class Server:
             if hand_over(spare.ctl, ready.conn, ready.data, ready.fds):
                 spare.ready, spare.serving = False, True
                 self.counts.started += 1
+                if self.metrics:
+                    self.metrics.spare_served.inc()
                 self._started(spare.pid, ready, stdin)
                 return
             self._drop_spare(spare)
@@ -386,12 +389,14 @@ class Server:
         own_group(pid)
         self.counts.started += 1
         self.counts.forked += 1
+        if self.metrics:
+            self.metrics.forks.inc()
         self._started(pid, ready, stdin)
 
     def _started(self, pid: int, ready: Ready, stdin: bytes) -> None:
         close_all(ready.fds)
         job = Job(pid, ready.conn, time.monotonic() + self.opts.timeout, ready.label, stdin,
-                  ready.key)
+                  ready.key, received=ready.received)
         self.jobs[pid] = job
         if job.key is not None:
             self.busy.setdefault(job.key, set()).add(pid)
@@ -535,6 +540,8 @@ class Server:
         if self.spares.pop(spare.ctl.fileno(), None) is not None:
             self.sel.unregister(spare.ctl)
             self.counts.spares_retired += 1
+            if self.metrics:
+                self.metrics.retired.inc()
         if retire:
             spare.ctl.close()
 
@@ -564,6 +571,8 @@ class Server:
             spare.ctl.close()
         if self.zygote is not None:
             self.zygote.close()
+        if self.metrics:
+            self.metrics.close_in_child()
         self.sel.close()
 
     def _reap(self) -> None:
@@ -603,6 +612,8 @@ class Server:
         self._release(job)
         if code != EXIT_NOT_STARTED and not job.abandoned:
             self.counts.answered += 1
+        if self.metrics:
+            self.metrics.finished(job, code)
         if job.watched:
             self.sel.unregister(job.conn)
             job.watched = False

@@ -10,8 +10,9 @@ import errno
 import ipaddress
 import socket
 import time
+from typing import NamedTuple
 
-from cni.host import links, netns, routes, rtnl, sysctl
+from cni.host import dumps, links, netns, routes, sysctl
 from cni.host.errors import HostError
 
 IFA_F_NODAD = 0x02
@@ -52,6 +53,19 @@ def broadcast(iface: ipaddress.IPv4Interface | ipaddress.IPv6Interface
     return None
 
 
+def add(ipr, index: int, iface: ipaddress.IPv4Interface | ipaddress.IPv6Interface,
+        flags: int = 0) -> None:
+    """ip addr add, with the IPv4 `brd` of broadcast() (none given: pyroute2 would add none)."""
+    extra: dict = {}
+    brd = broadcast(iface)
+    if brd is not None:
+        extra["broadcast"] = str(brd)
+    if flags:
+        extra["flags"] = flags
+    ipr.addr("add", index=index, address=str(iface.ip), prefixlen=iface.network.prefixlen,
+             **extra)
+
+
 def _enable_ipv6(ifname: str) -> None:
     """disable_ipv6=0 on lo and the interface before adding a v6 address to it, and
     keep_addr_on_down=1 on the interface (the reference's: a v6 address survives a link down)."""
@@ -72,18 +86,17 @@ def _enable_ipv6(ifname: str) -> None:
         pass  # informative, as in the reference
 
 
-def configure_iface(ifname: str, ips: list[dict], route_list: list[dict]) -> None:
+def configure_iface(ifname: str, ips: list[dict], route_list: list[dict],
+                    index: int = 0) -> None:
     """Add the addresses, set the link up, wait for DAD, add the routes (current namespace).
 
     `ips` are the result's entries for this interface; a route without gw goes through the
-    first gateway of its family. Requests built with rtnl.py, byte for byte pyroute2's.
+    first gateway of its family. `index`: the interface's, when the caller has it (no lookup).
     """
-    from pyroute2.netlink.exceptions import NetlinkError  # its module alone (nlsocket.py)
+    from pyroute2 import NetlinkError
 
     with netns.iproute() as ipr:
-        link = links.get(ipr, ifname)
-        if link is None:
-            raise _err(f'failed to lookup "{ifname}": Link not found')
+        link = _link(ipr, ifname, index, f'failed to lookup "{ifname}": Link not found')
         gws: dict[int, str] = {}
         v6 = False
         for ipc in ips:
@@ -92,7 +105,7 @@ def configure_iface(ifname: str, ips: list[dict], route_list: list[dict]) -> Non
                 _enable_ipv6(ifname)
                 v6 = True
             try:
-                ipr.request_raw(*rtnl.addr_add(link.index, iface, broadcast(iface)))
+                add(ipr, link.index, iface)
             except NetlinkError as e:
                 raise _err(f'failed to add IP addr {ipc["address"]} to "{ifname}": '
                            f"{e.args[1] if len(e.args) > 1 else e}") from None
@@ -114,7 +127,7 @@ def settle(ipr, index: int, ifname: str, timeout: float = SETTLE_SECONDS) -> Non
     deadline = time.monotonic() + timeout
     while True:
         tentative = False
-        for address, _, flags in ipr.raw.address_entries(index, socket.AF_INET6):
+        for address, _, flags in dumps.address_entries(ipr, index, socket.AF_INET6):
             if flags & IFA_F_DADFAILED:
                 raise _err(f"link {ifname} has address {address} in DADFAILED state")
             tentative = tentative or bool(flags & IFA_F_TENTATIVE)
@@ -125,21 +138,20 @@ def settle(ipr, index: int, ifname: str, timeout: float = SETTLE_SECONDS) -> Non
         time.sleep(0.05)
 
 
-def ensure_gateway(ifname: str, cidr: str, force: bool) -> None:
+def ensure_gateway(ifname: str, cidr: str, force: bool, index: int = 0) -> None:
     """The gateway address (e.g. 10.1.0.1/24) on the bridge, as the reference's ensureAddr.
 
     IPv4: another address on the bridge is an error unless forceAddress, which replaces it.
     IPv6: several addresses are fine unless their subnets overlap (then the same rule).
+    `index`: the interface's, when the caller has it (no lookup).
     """
-    from pyroute2.netlink.exceptions import NetlinkError  # its module alone (nlsocket.py)
+    from pyroute2 import NetlinkError
 
     want = ipaddress.ip_interface(cidr)
     family = socket.AF_INET if want.version == 4 else socket.AF_INET6
     with netns.iproute() as ipr:
-        link = links.get(ipr, ifname)
-        if link is None:
-            raise _err(f'could not lookup "{ifname}": Link not found')
-        for address, prefixlen, _ in ipr.raw.address_entries(link.index, family):
+        link = _link(ipr, ifname, index, f'could not lookup "{ifname}": Link not found')
+        for address, prefixlen, _ in dumps.address_entries(ipr, link.index, family):
             have = ipaddress.ip_interface(f"{address}/{prefixlen}")
             if have == want:
                 return
@@ -148,20 +160,34 @@ def ensure_gateway(ifname: str, cidr: str, force: bool) -> None:
             if (want.version == 4 or want.ip in have.network or have.ip in want.network):
                 if not force:
                     raise _err(f'"{ifname}" already has an IP address different from {cidr}')
-                ipr.request_raw(*rtnl.addr_del(link.index, have))
+                ipr.addr("del", index=link.index, address=str(have.ip),
+                         prefixlen=have.network.prefixlen)
         # No DAD for a v6 gateway: pods can use it as soon as ADD returns, not ~2 s later.
         flags = IFA_F_NODAD if want.version == 6 else 0
         try:
-            ipr.request_raw(*rtnl.addr_add(link.index, want, broadcast(want), flags))
+            add(ipr, link.index, want, flags)
         except NetlinkError as e:
             if e.code != errno.EEXIST:
                 raise _err(f'could not add IP address to "{ifname}": {e}') from None
 
 
+class _Known(NamedTuple):
+    index: int
+
+
+def _link(ipr, ifname: str, index: int, missing: str) -> _Known | links.Link:
+    """The link to work on: by the index the caller has, or looked up by name."""
+    if index:
+        return _Known(index)
+    link = links.get(ipr, ifname)
+    if link is None:
+        raise _err(missing)
+    return link
+
+
 def has(ipr, index: int, cidr: str) -> bool:
     want = ipaddress.ip_interface(cidr)
-    # the socket's rtnl.py reader, not pyroute2's decoder
-    return any(ipaddress.ip_interface(a) == want for a in ipr.raw.addresses(index))
+    return any(ipaddress.ip_interface(a) == want for a in dumps.addresses(ipr, index))
 
 
 def enable_forwarding(version: int) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 import time
 
-from cni.host import links, rtnl, sysctl, veth
+from cni.host import links, sysctl, veth
 from cni.host.errors import HostError
 
 VLAN_PVID = 0x2
@@ -25,30 +25,42 @@ def ensure(name: str, mtu: int = 0, promisc: bool = False,
            vlan_filtering: bool = False) -> links.Link:
     """Create the bridge unless it exists (an existing one is kept as it is), then
     promisc if asked, accept_ra=0 (we own its routes) and up. A non-bridge of that name is an
-    error."""
-    from pyroute2.netlink.exceptions import NetlinkError  # its module alone (nlsocket.py)
-
+    error. The common case, a bridge that is there and up, costs one request (a lookup)."""
     from cni.host import netns
 
     with netns.iproute() as ipr:
-        try:
-            ipr.request_raw(*rtnl.link_add_bridge(name, mtu, vlan_filtering))
-        except NetlinkError as e:
-            if e.code == errno.EOPNOTSUPP and vlan_filtering:
-                raise _err(f"failed to create bridge {name!r}: could not add {name!r}: "
-                           "vlan filtering is not supported by this kernel") from None
-            if e.code != errno.EEXIST:
-                raise _err(f"failed to create bridge {name!r}: could not add {name!r}: "
-                           f"{e.args[1] if len(e.args) > 1 else e}") from None
-        br = by_name(ipr, name)
+        br = links.get(ipr, name)
+        if br is None:
+            _create(ipr, name, mtu, vlan_filtering)
+        br = by_name(ipr, name) if br is None or br.kind != "bridge" else br
         if promisc and not br.promisc:
             links.set_promisc(ipr, br.index)
         try:
             sysctl.write(sysctl.conf(6, name, "accept_ra"), 0)
         except OSError:
             pass  # no IPv6 on this host
-        links.set_up(ipr, br.index)
+        if not br.up:
+            links.set_up(ipr, br.index)
         return br  # read before promisc/up, which change neither its index, MAC nor MTU
+
+
+def _create(ipr, name: str, mtu: int, vlan_filtering: bool) -> None:
+    """ip link add NAME [mtu MTU] type bridge [vlan_filtering 1]; another's bridge made
+    meanwhile (EEXIST) is fine."""
+    from pyroute2 import NetlinkError
+
+    extra: dict = {"mtu": mtu} if mtu else {}
+    if vlan_filtering:
+        extra["br_vlan_filtering"] = 1
+    try:
+        ipr.link("add", ifname=name, kind="bridge", **extra)
+    except NetlinkError as e:
+        if e.code == errno.EOPNOTSUPP and vlan_filtering:
+            raise _err(f"failed to create bridge {name!r}: could not add {name!r}: "
+                       "vlan filtering is not supported by this kernel") from None
+        if e.code != errno.EEXIST:
+            raise _err(f"failed to create bridge {name!r}: could not add {name!r}: "
+                       f"{e.args[1] if len(e.args) > 1 else e}") from None
 
 
 def by_name(ipr, name: str) -> links.Link:
@@ -67,25 +79,34 @@ def lookup(name: str) -> links.Link:
         return by_name(ipr, name)
 
 
-def attach(port: str, bridge: links.Link, hairpin: bool, isolated: bool) -> None:
-    """Enslave `port` to the bridge and set its hairpin and isolation flags."""
+def attach(port: str, bridge: links.Link, hairpin: bool, isolated: bool,
+           index: int = 0, enslaved: bool = False) -> None:
+    """Enslave `port` (its `index` if the caller has it: no lookup) to the bridge, unless it
+    was made a port as it was created (`enslaved`), and set its hairpin and isolation flags."""
     from cni.host import netns
 
     with netns.iproute() as ipr:
-        link = links.get(ipr, port)
-        if link is None:
-            raise _err(f'failed to lookup "{port}"')
+        if not index:
+            link = links.get(ipr, port)
+            if link is None:
+                raise _err(f'failed to lookup "{port}"')
+            index = link.index
         try:
-            links.set_master(ipr, link.index, bridge.index)
+            if not enslaved:
+                links.set_master(ipr, index, bridge.index)
         except Exception as e:
             raise _err(f'failed to connect "{port}" to bridge {bridge.name}: {e}') from None
+        try:  # both flags in one request (IFLA_BRPORT_MODE is hairpin)
+            ipr.brport("set", index=index, mode=int(hairpin), isolated=int(isolated))
+            return
+        except Exception:
+            pass  # one at a time, so that the error names the flag the kernel refused
         try:
-            ipr.request_raw(*rtnl.brport_set(link.index, rtnl.IFLA_BRPORT_MODE, int(hairpin)))
+            ipr.brport("set", index=index, mode=int(hairpin))
         except Exception as e:
             raise _err(f"failed to setup hairpin mode for {port}: {e}") from None
         try:
-            ipr.request_raw(*rtnl.brport_set(link.index, rtnl.IFLA_BRPORT_ISOLATED,
-                                             int(isolated)))
+            ipr.brport("set", index=index, isolated=int(isolated))
         except Exception as e:
             raise _err(f"failed to set isolated on {port}: {e}") from None
 
@@ -103,31 +124,39 @@ def set_vlans(port: str, vlan: int, trunk: list[int], preserve_default: bool) ->
         if not preserve_default:
             for entry in port_vlans(ipr, link.index):
                 try:
-                    ipr.request_raw(*rtnl.bridge_vlan_del(link.index, entry["vid"]))
+                    ipr.vlan_filter("del", index=link.index, vlan_info={"vid": entry["vid"]})
                 except Exception as e:
                     raise _err(f'failed to remove default vlan on interface "{port}": '
                                f"{e}") from None
         try:
             if vlan:
-                ipr.request_raw(*rtnl.bridge_vlan_add(link.index, vlan,
-                                                      VLAN_PVID | VLAN_UNTAGGED))
+                ipr.vlan_filter("add", index=link.index,
+                                vlan_info={"vid": vlan, "flags": VLAN_PVID | VLAN_UNTAGGED})
             for vid in trunk:
-                ipr.request_raw(*rtnl.bridge_vlan_add(link.index, vid, 0))
+                ipr.vlan_filter("add", index=link.index, vlan_info={"vid": vid})
         except Exception as e:
             raise _err(f'failed to setup vlan tag on interface "{port}": {e}') from None
 
 
 def port_vlans(ipr, index: int) -> list[dict]:
     """[{vid, pvid, untagged}] of one bridge port."""
-    replies = ipr.request_raw(*rtnl.bridge_vlans_dump())
-    return [{"vid": vid, "pvid": bool(flags & VLAN_PVID), "untagged": bool(flags & VLAN_UNTAGGED)}
-            for flags, vid in rtnl.bridge_vlans_of(replies, index)]
+    found = []
+    for msg in ipr.get_vlans():  # AF_BRIDGE dump with RTEXT_FILTER_BRVLAN
+        if msg["index"] != index:
+            continue
+        spec = msg.get_attr("IFLA_AF_SPEC")
+        for info in spec.get_attrs("IFLA_BRIDGE_VLAN_INFO") if spec is not None else ():
+            flags = info["flags"]
+            found.append({"vid": info["vid"], "pvid": bool(flags & VLAN_PVID),
+                          "untagged": bool(flags & VLAN_UNTAGGED)})
+    return found
 
 
-def pin_mac(br: links.Link) -> None:
+def pin_mac(br: links.Link) -> str:
     """Set the bridge's MAC to itself, once it has a port: otherwise it follows the lowest port
     MAC and changes as ports come and go (reference #805). Pinned while portless, the kernel
-    leaves the bridge id at 0 and the bridge in operstate UNKNOWN, so call this after attach."""
+    leaves the bridge id at 0 and the bridge in operstate UNKNOWN, so call this after attach.
+    Returns the MAC, which stays the bridge's from now on (a set address is never replaced)."""
     from cni.host import netns
 
     with netns.iproute() as ipr:
@@ -138,6 +167,7 @@ def pin_mac(br: links.Link) -> None:
             links.set_mac(ipr, br.index, current.mac)
         except Exception as e:
             raise _err(f"could not set bridge's mac: {e}") from None
+        return current.mac
 
 
 def wait_forwarding(port: str, delays: tuple[float, ...] = (0, 0.05, 0.5, 1, 1)) -> links.Link:
@@ -149,7 +179,7 @@ def wait_forwarding(port: str, delays: tuple[float, ...] = (0, 0.05, 0.5, 1, 1))
         link = None
         for delay in delays:
             time.sleep(delay)
-            link = links.get(ipr, port)
+            link = links.get(ipr, port, port_state=True)
             if link is None:
                 raise _err(f"failed to lookup {port!r}")
             state = link.port_state if link.master else BR_STATE_FORWARDING
@@ -172,7 +202,7 @@ def ensure_vlan_interface(bridge: links.Link, vlan: int,
         return existing, False
     pair = veth.create(HOST_NS, name, mtu=bridge.mtu)
     try:
-        attach(pair.host.name, bridge, hairpin=False, isolated=False)
+        attach(pair.host.name, bridge, hairpin=False, isolated=False, index=pair.host.index)
         set_vlans(pair.host.name, vlan, [], preserve_default)
         with netns.iproute() as ipr:
             links.set_up(ipr, pair.container.index)

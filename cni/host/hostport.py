@@ -21,10 +21,8 @@ import re
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from cni.host import lean_pyroute2, masq, nft
+from cni.host import masq, nft, nftrecord
 from cni.host.digest import sha256_hex, sha512_hex
-
-lean_pyroute2.install()  # pyroute2 is imported below by submodule only (see lean_pyroute2)
 
 TABLE = "cni_hostport"
 HOSTPORTS = "hostports"
@@ -120,7 +118,7 @@ class Listing(NamedTuple):
         out: dict[str, tuple[str | None, str | None]] = {
             c: (None, None) for c in self.chains if c.startswith(RECORD_PREFIX)}
         for r in self.rules:
-            if str(r.get("chain", "")).startswith(RECORD_PREFIX):
+            if str(r.get("chain", "")).startswith(RECORD_PREFIX) and not nftrecord.is_meta(r):
                 sig = signature(r, allow_no_action=True)
                 ip = next((v for left, v in sig[1] if left.endswith("daddr")), None) \
                     if sig else None
@@ -171,19 +169,83 @@ def container_ip(rule: dict[str, Any]) -> str | None:
     return next((v for left, v in sig[1] if left.endswith("daddr")), None)
 
 
-def record_script(family: int, chain: str, ip: str, comment: str) -> str:
-    """(Re)write one attachment's record in this family."""
+def record_rule(family: int, chain: str, ip: str, comment: str) -> str:
+    """The rule of one attachment's record naming its container IP (the chain's last rule)."""
     t = f"{NFT_FAMILY[family]} {TABLE}"
-    name = nft.chain_name(chain)
-    return (f"add chain {t} {name}\nflush chain {t} {name}\n"
-            f"add rule {t} {name} {NFT_FAMILY[family]} daddr {ipaddress.ip_address(ip)} "
-            f"comment {nft.quote(comment)}\n")
+    return (f"add rule {t} {nft.chain_name(chain)} {NFT_FAMILY[family]} daddr "
+            f"{ipaddress.ip_address(ip)} comment {nft.quote(comment)}\n")
 
 
 def drop_chains_script(family: int, chains: Iterable[str]) -> str:
     t = f"{NFT_FAMILY[family]} {TABLE}"
     names = [nft.chain_name(c) for c in chains]
     return "".join(f"flush chain {t} {c}\ndelete chain {t} {c}\n" for c in names)
+
+
+# --- where an attachment's rules are, without listing anyone else's ---------------------------
+#
+# The record also says where its attachment's rules are (cni.host.nftrecord: the record chain
+# made afresh right before them in the ADD's batch, the rules' handle offsets in meta rules), so
+# DEL, CHECK and a fresh ADD read one small chain instead of the whole table, whose size grows
+# with every pod on the node. Facts kept: "u" the UDP hostPorts (DEL's conntrack flush), "s" a
+# digest of the rules as written (CHECK). The record's IP rule stays its chain's last rule.
+#
+# A table may also still hold rules in pycni's pre-v1.9 comment layout (written before an
+# upgrade), which no record points to: only a listing finds them. A batch that knows there are
+# none adds the empty chain NO_LEGACY to the table (old releases never made one, and they are
+# the only writers of that layout); from then on a fresh ADD and a DEL by record list nothing.
+
+NO_LEGACY = "pycni-no-legacy"
+
+
+class Record(NamedTuple):
+    """One family's record, read alone."""
+
+    handles: dict[str, list[int]]
+    udp: set[int]
+    digest: str | None
+
+    @property
+    def usable(self) -> bool:
+        return bool(self.handles) and self.digest is not None
+
+
+def read_record(family: int, chain: str) -> Record | None:
+    """The record chain's meta, or None when there is no such chain (or table)."""
+    rec = nftrecord.read(NFT_FAMILY[family], TABLE, chain, OWNED_CHAINS)
+    if rec is None:
+        return None
+    return Record(rec.handles, {int(p) for p in rec.fact("u") if p.isdigit()},
+                  next(iter(rec.fact("s")), None))
+
+
+def handles_script(family: int, handles: dict[str, list[int]]) -> str:
+    return nftrecord.handles_script(NFT_FAMILY[family], TABLE, handles)
+
+
+def without_legacy(family: int) -> bool:
+    """No rule of the pre-v1.9 layout can be in this family's table: it says so (NO_LEGACY), or
+    there is no table yet (its entry chain is missing)."""
+    fam = NFT_FAMILY[family]
+    return bool(nft.list_json(f"chain {fam} {TABLE} {NO_LEGACY}")) or \
+        not nft.list_json(f"chain {fam} {TABLE} prerouting")
+
+
+def has_legacy(listing: Listing, dropped: list[dict[str, Any]]) -> bool:
+    """Whether a listed table keeps rules of the pre-v1.9 layout after `dropped` go."""
+    gone = {(r.get("chain"), r.get("handle")) for r in dropped}
+    return any(r.get("chain") in OWNED_CHAINS and " " in str(r.get("comment") or "")
+               and (r.get("chain"), r.get("handle")) not in gone for r in listing.rules)
+
+
+def rules_digest(rules: Iterable[Rule]) -> str:
+    return sha256_hex("\n".join(sorted(f"{r.chain} {r.text()}" for r in rules)), 16)
+
+
+def _facts(rules: list[Rule]) -> dict[str, list[str]]:
+    udp = sorted({int(v) for r in rules if r.chain == HOSTPORTS
+                  for left, v in r.matches if left == "udp dport"})
+    return {"s": [rules_digest(rules)], "u": [str(p) for p in udp]}
 
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_.@=+,\-]+$")
@@ -273,18 +335,26 @@ def _skeleton(family: int, conditions: str, snat: bool) -> str:
 
 def add_script(rules: list[Rule], comment: str, conditions: dict[int, str], snat: bool,
                replace: list[dict[str, Any]], records: dict[int, tuple[str, str]],
-               drop_records: dict[int, list[str]]) -> str:
+               drop_records: dict[int, list[str]], clean: set[int]) -> str:
     """One batch: the skeleton of each family in use, drop `replace` (our older rules) and the
-    `drop_records` chains, add the rules and (re)write each family's record (chain, IP)."""
+    `drop_records` chains; then per family the record chain made afresh, the rules right after
+    it, the record's IP and meta (see above); NO_LEGACY in the `clean` families."""
     families = sorted({r.family for r in rules})
     script = "".join(_skeleton(f, conditions.get(f, ""), snat) for f in families)
     script += nft.delete_rules_script(replace)
     script += "".join(drop_chains_script(f, chains) for f, chains in drop_records.items())
     quoted = nft.quote(comment)
-    script += "".join(f"add rule {NFT_FAMILY[r.family]} {TABLE} {r.chain} {r.text()} "
-                      f"comment {quoted}\n" for r in rules)
-    script += "".join(record_script(f, chain, ip, comment)
-                      for f, (chain, ip) in sorted(records.items()) if f in families)
+    for f in families:
+        t = f"{NFT_FAMILY[f]} {TABLE}"
+        chain, ip = records[f]
+        mine = [r for r in rules if r.family == f]
+        script += nftrecord.fresh_chain_script(NFT_FAMILY[f], TABLE, chain)
+        script += "".join(f"add rule {t} {r.chain} {r.text()} comment {quoted}\n" for r in mine)
+        script += nftrecord.meta_script(NFT_FAMILY[f], TABLE, chain, [r.chain for r in mine],
+                                        _facts(mine))
+        script += record_rule(f, chain, ip, comment)
+        if f in clean:
+            script += f"add chain {t} {NO_LEGACY}\n"
     return script
 
 
@@ -362,17 +432,10 @@ def route_localnet_toward(ip: str) -> str | None:
     """Set route_localnet=1 on the interface that routes to `ip` (current netns); its name."""
     import socket
 
-    from pyroute2.netlink.exceptions import NetlinkError  # its module alone (nlsocket.py)
+    from cni.host import netns, routes, sysctl
 
-    from cni.host import netns, rtnl, sysctl
-
-    # `ip route get`, built with rtnl.py: byte for byte what pyroute2's route("get") sent
-    request = rtnl.route_get(ipaddress.ip_address(ip))
-    with netns.iproute() as ipr:
-        try:
-            oif = rtnl.route_oif(ipr.request_raw(*request))
-        except NetlinkError:  # no route to the pod: nothing to enable (the reference skips too)
-            return None
+    with netns.iproute() as ipr:  # no route to the pod: nothing to enable (the reference skips)
+        oif = routes.oif_toward(ipr, str(ipaddress.ip_address(ip)))
     if oif is None:
         return None
     ifname = socket.if_indextoname(oif)  # one ioctl in this netns, not an RTM_GETLINK

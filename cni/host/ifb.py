@@ -10,11 +10,11 @@ from __future__ import annotations
 import errno
 from typing import TYPE_CHECKING, NamedTuple
 
-from cni.host import links, rtnl
+from cni.host import links
 from cni.host.errors import HostError
 
 if TYPE_CHECKING:
-    from cni.host.nlsocket import NetlinkSocket as IPRoute
+    from pyroute2 import IPRoute
 
 MARK = "pycni-bandwidth"
 
@@ -32,15 +32,14 @@ def alias_for(network: str, container_id: str) -> str:
 
 
 def create(ipr: IPRoute, name: str, mtu: int, network: str, container_id: str) -> Ifb:
-    """Add the ifb (txqueuelen 0 and the MTU given, as the reference), mark it, set it up.
-    Built with rtnl.py, byte for byte what pyroute2's link("add"/"set") sent."""
-    ipr.request_raw(*rtnl.link_add_ifb(name, mtu))
+    """Add the ifb (txqueuelen 0 and the MTU given, as the reference), mark it, set it up."""
+    ipr.link("add", ifname=name, kind="ifb", mtu=mtu, txqlen=0)
     link = links.get(ipr, name)  # index and MAC in one request (up keeps the MAC)
     if link is None:
         raise HostError(f"ifb {name} vanished right after it was created")
     index = link.index
     try:
-        ipr.request_raw(*rtnl.link_set_up_alias(index, alias_for(network, container_id)))
+        ipr.link("set", index=index, ifalias=alias_for(network, container_id), state="up")
     except Exception:
         links.remove(ipr, index)
         raise
@@ -56,8 +55,9 @@ def delete(ipr: IPRoute, name: str, index: int | None = None) -> bool:
     """Delete the link by name (or by `index`, when the caller just looked it up); False if it
     was not there. Returns once the ifb is gone, without the kernel's clean-up wait after
     (linkgone.py)."""
+    from pyroute2 import NetlinkError
+
     from cni.host import linkgone
-    from cni.host.nlsocket import NetlinkError
 
     if index is None:
         index = lookup(ipr, name)
@@ -75,9 +75,10 @@ def delete(ipr: IPRoute, name: str, index: int | None = None) -> bool:
 def marked(ipr: IPRoute) -> list[Ifb]:
     """Every ifb in this namespace that carries our mark."""
     out = []
-    for link, alias in ipr.raw.link_dump():  # rtnl.py's reader, not pyroute2's decoder
-        parts = alias.split(" ")
-        if link["kind"] != "ifb" or len(parts) != 3 or parts[0] != MARK:
+    for msg in ipr.link("dump"):
+        parts = (msg.get_attr("IFLA_IFALIAS") or "").split(" ")
+        link = links.from_message(msg)
+        if link.kind != "ifb" or len(parts) != 3 or parts[0] != MARK:
             continue
-        out.append(Ifb(link["name"], link["index"], link["mac"], parts[1], parts[2]))
+        out.append(Ifb(link.name, link.index, link.mac, parts[1], parts[2]))
     return out

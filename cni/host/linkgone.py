@@ -6,14 +6,16 @@ more on a busy node. Everything a caller can observe is done before that: the de
 its namespace (its name and index are free), its veth peer with it, bridge ports, addresses and
 routes are gone, and the kernel has sent RTM_DELLINK to the namespace's listeners.
 
-So the request goes out from a helper thread, on a socket of its own, while this thread listens
-for those announcements: for the link, and for its veth peer (unregistered in the same batch,
-after it). Each namespace is the one of the caller's socket for it (SIOCGSKNS), never the
-thread's: an index means nothing in another namespace. The helper finishes the wait alone; a
-process that exits waits for it in the kernel, but its reply has gone out by then (the daemon's
-child). If the request fails, its error comes first (nothing was deleted, nothing announced);
-if the announcements cannot be read (a listener's buffer overran) or a peer lives elsewhere, this
-simply waits for the answer, as a plain delete would.
+So the request goes out from a helper thread, on a socket of its own (made in the link's
+namespace): the RTM_DELLINK is pyroute2's ifinfmsg, encoded here, and its answer is parsed by
+pyroute2's rtnetlink marshal, as are the announcements this thread listens for meanwhile: for
+the link, and for its veth peer (unregistered in the same batch, after it). Each namespace is
+the one of the caller's socket for it (SIOCGSKNS), never the thread's: an index means nothing
+in another namespace. The helper finishes the wait alone; a process that exits waits for it in
+the kernel, but its reply has gone out by then (the daemon's child). If the request fails, its
+error comes first (nothing was deleted, nothing announced); if the announcements cannot be read
+(a listener's buffer overran) or a peer lives elsewhere, this simply waits for the answer, as a
+plain delete would.
 """
 
 from __future__ import annotations
@@ -25,25 +27,28 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-from cni.host import netns, rtnl
-from cni.host.nlsocket import NetlinkError, NetlinkSocket
+from cni.host import netns
+
+if TYPE_CHECKING:
+    from pyroute2 import IPRoute
 
 RTMGRP_LINK = 1
 SIOCGSKNS = 0x894C  # a socket's network namespace, as a new fd (Linux 4.9)
 AF_UNSPEC = 0  # the link's own announcement (a bridge port's removal is also sent as AF_BRIDGE)
 
 
-def remove(ipr: NetlinkSocket, index: int,
-           peer: tuple[NetlinkSocket, int] | None = None) -> None:
+def remove(ipr: IPRoute, index: int, peer: tuple[IPRoute, int] | None = None) -> None:
     """Delete link `index` of ipr's namespace; also wait for its veth peer (index `peer[1]` in
-    the namespace of the socket `peer[0]`) to go. A kernel error is NetlinkError."""
+    the namespace of the socket `peer[0]`) to go. A kernel error is pyroute2's NetlinkError."""
     try:
         sender, watched = _sockets(ipr, index, peer)
     except OSError:  # no SIOCGSKNS (Linux < 4.9), no socket to be had: a plain delete
-        ipr.request_raw(*rtnl.link_del(index))
+        ipr.link("del", index=index)
         return
     listeners = [sock for sock, _ in watched]
+    request = _delete_request(index)
     # The helper closes its end of the pipe when the answer is in: no write that could meet a
     # closed reader, and poll sees the hang-up.
     answered, done = os.pipe2(os.O_CLOEXEC)
@@ -51,12 +56,12 @@ def remove(ipr: NetlinkSocket, index: int,
 
     def send() -> None:
         try:
-            sender.request(*rtnl.link_del(index))
-            outcome.append(None)
+            sender.send(request)  # returns once the kernel has done it all (rcu_barrier too)
+            outcome.append(_answer(sender.recv(1 << 16)))
         except BaseException as e:  # noqa: BLE001 - handed to the caller, if it still waits
             outcome.append(e)
         finally:
-            sender.sock.close()
+            sender.close()
             os.close(done)
 
     helper = threading.Thread(target=send, name="pycni-linkdel", daemon=True)
@@ -70,8 +75,6 @@ def remove(ipr: NetlinkSocket, index: int,
                 return
             helper.join()  # answered first, or the announcements were lost
         error = outcome[0] if outcome else RuntimeError("the link delete did not finish")
-        if isinstance(error, OSError) and error.errno:
-            raise NetlinkError(error.errno) from None
         if error is not None:
             raise error
     finally:
@@ -80,14 +83,41 @@ def remove(ipr: NetlinkSocket, index: int,
             sock.close()
 
 
-def _sockets(ipr: NetlinkSocket, index: int, peer: tuple[NetlinkSocket, int] | None,
-             ) -> tuple[rtnl.Rtnl, list[tuple[socket.socket, int]]]:
+def _delete_request(index: int) -> bytes:
+    """RTM_DELLINK of link `index`, with an ACK asked for: pyroute2's ifinfmsg, encoded."""
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_DELLINK
+    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+
+    msg = ifinfmsg()
+    msg["index"] = index
+    msg["header"]["type"] = RTM_DELLINK
+    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
+    msg["header"]["sequence_number"] = 1
+    msg.encode()
+    return bytes(msg.data)
+
+
+def _answer(data: bytes) -> BaseException | None:
+    """The kernel's answer to the delete, parsed by pyroute2: None (ACK) or its NetlinkError."""
+    from pyroute2 import NetlinkError
+    from pyroute2.netlink.rtnl.marshal import MarshalRtnl
+
+    for msg in MarshalRtnl().parse(data):
+        code = msg.get("error")
+        if code is not None:
+            return NetlinkError(-code) if code else None
+    return RuntimeError("the link delete got no answer")
+
+
+def _sockets(ipr: IPRoute, index: int, peer: tuple[IPRoute, int] | None,
+             ) -> tuple[socket.socket, list[tuple[socket.socket, int]]]:
     """The helper's socket and a listener per watched link, each in its link's namespace."""
     opened: list[socket.socket] = []
     try:
         with _in_namespace_of(ipr):
-            sender = rtnl.Rtnl()
-            opened.append(sender.sock)
+            sender = _socket()
+            opened.append(sender)
             watched = [(_listener(), index)]
             opened.append(watched[0][0])
         if peer is not None:
@@ -101,7 +131,7 @@ def _sockets(ipr: NetlinkSocket, index: int, peer: tuple[NetlinkSocket, int] | N
 
 
 @contextmanager
-def _in_namespace_of(ipr: NetlinkSocket) -> Iterator[None]:
+def _in_namespace_of(ipr: IPRoute) -> Iterator[None]:
     """This thread inside the network namespace ipr's socket lives in."""
     fd = _namespace_fd(ipr)
     try:
@@ -111,13 +141,18 @@ def _in_namespace_of(ipr: NetlinkSocket) -> Iterator[None]:
         os.close(fd)
 
 
-def _namespace_fd(ipr: NetlinkSocket) -> int:
-    return fcntl.ioctl(ipr.raw.sock.fileno(), SIOCGSKNS)
+def _namespace_fd(ipr: IPRoute) -> int:
+    return fcntl.ioctl(ipr.fileno(), SIOCGSKNS)
+
+
+def _socket() -> socket.socket:
+    return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
+                         socket.NETLINK_ROUTE)
 
 
 def _listener() -> socket.socket:
-    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
-                         socket.NETLINK_ROUTE)
+    """A socket that only receives the namespace's link announcements (it sends nothing)."""
+    sock = _socket()
     sock.bind((0, RTMGRP_LINK))
     return sock
 
@@ -146,10 +181,8 @@ def _announced(watched: list[tuple[socket.socket, int]], answered: int) -> bool:
 
 def _deleted(data: bytes) -> set[int]:
     """The indexes of the links that RTM_DELLINK messages in `data` announce gone."""
-    gone = set()
-    for kind, _, payload in rtnl.messages(data):
-        if kind == rtnl.RTM_DELLINK and len(payload) >= rtnl.IFINFO.size:
-            family, _, index, _, _ = rtnl.IFINFO.unpack_from(payload)
-            if family == AF_UNSPEC:
-                gone.add(index)
-    return gone
+    from pyroute2.netlink.rtnl import RTM_DELLINK
+    from pyroute2.netlink.rtnl.marshal import MarshalRtnl
+
+    return {msg["index"] for msg in MarshalRtnl().parse(data)
+            if msg["header"]["type"] == RTM_DELLINK and msg["family"] == AF_UNSPEC}

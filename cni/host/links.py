@@ -1,24 +1,36 @@
-"""Links: bring up, look up, read addresses. Everything by name inside a namespace."""
+"""Links: bring up, look up, read addresses. Everything by name inside a namespace, through
+pyroute2's IPRoute (a netns.iproute() socket)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import errno
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cni.host import netns, rtnl
-from cni.host.rtnl import IFF_PROMISC, IFF_UP
+from cni.host import dumps, netns
+
+if TYPE_CHECKING:
+    from pyroute2 import IPRoute
+
+IFF_UP = 0x1
+IFF_PROMISC = 0x100
 
 
 def set_loopback(target: int | str, up: bool) -> list[str]:
     """Set lo up or down in the namespace; returns lo's addresses (after the change)."""
-    with netns.entered(target), rtnl.Rtnl() as nl:  # its own socket, loopback's only one
-        index, _ = nl.link("lo")
-        nl.set_up(index, up)
-        return nl.addresses(index) if up else []
+    with netns.entered(target), netns.iproute() as ipr:
+        lo = get(ipr, "lo")
+        if lo is None:
+            raise OSError(errno.ENODEV, "netlink: no link 'lo'")
+        ipr.link("set", index=lo.index, state="up" if up else "down")
+        return dumps.addresses(ipr, lo.index) if up else []
 
 
 def loopback_is_up(target: int | str) -> bool:
-    with netns.entered(target), rtnl.Rtnl() as nl:
-        return bool(nl.link("lo")[1] & IFF_UP)
+    with netns.entered(target), netns.iproute() as ipr:
+        lo = get(ipr, "lo")
+        if lo is None:
+            raise OSError(errno.ENODEV, "netlink: no link 'lo'")
+        return lo.up
 
 
 # --- generic link helpers (bridge, veth) -------------------------------------------------------
@@ -39,16 +51,72 @@ class Link(NamedTuple):
     promisc: bool
     operstate: str
     peer_index: int  # IFLA_LINK: for a veth, the peer's index (in the peer's namespace)
-    port_state: int | None = None  # IFLA_BRPORT_STATE when it is a bridge port (STP state)
+    port_state: int | None = None  # IFLA_BRPORT_STATE of a bridge port, when asked for
 
 
-def get(ipr, name: str) -> Link | None:
-    """The link called `name` in ipr's namespace (a netns.iproute() socket), or None."""
+_FIELDS = ("IFLA_IFNAME", "IFLA_ADDRESS", "IFLA_MTU", "IFLA_MASTER", "IFLA_OPERSTATE",
+           "IFLA_LINK", "IFLA_LINKINFO")
+
+
+def _attrs(msg: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """The first value of each NLA in `names`, in one pass over the message (pyroute2 decodes
+    an NLA when its value is read: the others, statistics and all, stay undecoded)."""
+    found: dict[str, Any] = {}
+    for slot in msg["attrs"]:
+        name = slot[0]
+        if name in names and name not in found:
+            found[name] = slot[1]
+    return found
+
+
+def from_message(msg: Any, port_state: bool = False) -> Link:
+    """A Link from pyroute2's ifinfmsg (an RTM_NEWLINK reply); with `port_state`, a bridge
+    port's STP state too (decoding the ~40 bridge port attributes costs ~0.2 ms)."""
+    nla = _attrs(msg, _FIELDS)
+    kind = state = None
+    info = nla.get("IFLA_LINKINFO")
+    if info is not None:
+        data = _attrs(info, ("IFLA_INFO_KIND", "IFLA_INFO_SLAVE_KIND", "IFLA_INFO_SLAVE_DATA"))
+        kind = data.get("IFLA_INFO_KIND")
+        slave = data.get("IFLA_INFO_SLAVE_DATA")
+        if port_state and slave is not None and data.get("IFLA_INFO_SLAVE_KIND") == "bridge":
+            state = slave.get_attr("IFLA_BRPORT_STATE")
+    flags = msg["flags"]
+    return Link(
+        name=nla.get("IFLA_IFNAME") or "",
+        index=msg["index"],
+        mac=nla.get("IFLA_ADDRESS") or "",
+        mtu=nla.get("IFLA_MTU") or 0,
+        kind=kind or "",
+        master=nla.get("IFLA_MASTER") or 0,
+        up=bool(flags & IFF_UP),
+        promisc=bool(flags & IFF_PROMISC),
+        operstate=nla.get("IFLA_OPERSTATE") or "",
+        peer_index=nla.get("IFLA_LINK") or 0,
+        port_state=state,
+    )
+
+
+def _one(ipr: IPRoute, port_state: bool = False, **query: Any) -> Link | None:
+    from pyroute2 import NetlinkError
+
+    try:
+        replies = ipr.link("get", **query)
+    except NetlinkError as e:
+        if e.code == errno.ENODEV:
+            return None
+        raise
+    return from_message(replies[0], port_state) if replies else None
+
+
+def get(ipr: IPRoute, name: str, port_state: bool = False) -> Link | None:
+    """The link called `name` in ipr's namespace (a netns.iproute() socket), or None: one
+    RTM_GETLINK by name, never a dump. `port_state`: see from_message."""
     if not name or len(name) > IFNAMSIZ - 1:
         return None  # no link can have this name (a name dump would match nothing)
-    fields = ipr.link_fields(name=name)  # rtnl.py: RTM_GETLINK by name, not pyroute2's decoder
+    link = _one(ipr, port_state, ifname=name)
     # The kernel also resolves alternative names; callers asked for IFLA_IFNAME.
-    return Link(**fields) if fields is not None and fields["name"] == name else None
+    return link if link is not None and link.name == name else None
 
 
 def names() -> set[str]:
@@ -58,34 +126,31 @@ def names() -> set[str]:
     return {name for _, name in socket.if_nameindex()}
 
 
-def by_index(ipr, index: int) -> Link | None:
-    fields = ipr.link_fields(index=index)
-    return Link(**fields) if fields is not None else None
+def by_index(ipr: IPRoute, index: int) -> Link | None:
+    return _one(ipr, index=index)
 
 
-# The writes are built with rtnl.py, byte for byte what pyroute2's link("set"/"del") sent.
-
-def set_up(ipr, index: int) -> None:
-    ipr.request_raw(*rtnl.link_set_flags(index, IFF_UP, IFF_UP))
+def set_up(ipr: IPRoute, index: int) -> None:
+    ipr.link("set", index=index, state="up")
 
 
-def set_promisc(ipr, index: int) -> None:
-    ipr.request_raw(*rtnl.link_set_flags(index, IFF_PROMISC, IFF_PROMISC))
+def set_promisc(ipr: IPRoute, index: int) -> None:
+    ipr.link("set", index=index, flags=IFF_PROMISC, change=IFF_PROMISC)
 
 
-def set_mac(ipr, index: int, mac: str) -> None:
-    ipr.request_raw(*rtnl.link_set_mac(index, mac))
+def set_mac(ipr: IPRoute, index: int, mac: str) -> None:
+    ipr.link("set", index=index, address=mac)
 
 
-def set_master(ipr, index: int, master: int) -> None:
-    ipr.request_raw(*rtnl.link_set_master(index, master))
+def set_master(ipr: IPRoute, index: int, master: int) -> None:
+    ipr.link("set", index=index, master=master)
 
 
-def remove(ipr, index: int) -> None:
-    ipr.request_raw(*rtnl.link_del(index))
+def remove(ipr: IPRoute, index: int) -> None:
+    ipr.link("del", index=index)
 
 
-def delete(ipr, name: str) -> bool:
+def delete(ipr: IPRoute, name: str) -> bool:
     """Delete the link if it exists; whether it did."""
     link = get(ipr, name)
     if link is None:

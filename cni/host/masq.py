@@ -12,13 +12,20 @@ CNI_NETNS is empty, #810); GC looks at the rules starting with `<hash(net)>`.
 
 pycni releases before the v1.9 layout hashed with SHA-256 (same shape otherwise): DEL, GC and a
 re-ADD also remove those ("legacy") rules, so an upgrade under live pods leaks nothing.
+
+So that ADD, CHECK and DEL read one small chain instead of masq_checks (one rule per pod on the
+node), each attachment also has a record chain `pycni-masq-<hash(net)>-<hash(ifname:cid)>` in
+the table (cni.host.nftrecord: its rules' handles, fact "a" the addresses masqueraded), never
+jumped to; the reference never lists the table's chains. Without a usable record (the
+reference's rules, pycni's before records, a rule removed by the reference's DEL) the verbs
+list masq_checks as before; GC removes the network's records of attachments not valid.
 """
 
 from __future__ import annotations
 
 import ipaddress
 
-from cni.host import nft
+from cni.host import nft, nftrecord
 from cni.host.digest import sha256_hex, sha512_hex
 
 FAMILY = "inet"
@@ -27,6 +34,7 @@ CHAIN = "masq_checks"
 BASE = "postrouting"
 COMMENT_MAX = 128
 PREFIX_LEN = 33  # "<16 hex>-<16 hex>"
+RECORD_PREFIX = "pycni-masq-"
 TABLE_COMMENT = "Masquerading for plugins from github.com/containernetworking/plugins"
 CHAIN_COMMENT = "Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet"
 
@@ -71,16 +79,39 @@ def _rules(*prefixes: str) -> list[dict]:
             if str(r.get("comment", "")).startswith(prefixes)]
 
 
+def network_rules(network: str) -> list[dict]:
+    """The network's rules, either hash layout: what GC judges and `pycni attachments` shows."""
+    return _rules(hash_for_network(network) + "-", legacy_hash(network) + "-")
+
+
+def instance_of(rule: dict) -> str:
+    """The `<hash(net)>-<hash(ifname:cid)>` a rule's comment starts with: its attachment."""
+    return str(rule.get("comment", ""))[:PREFIX_LEN]
+
+
+def instance_prefixes(network: str, ifname: str, container_id: str) -> tuple[str, str]:
+    return _instance_prefixes(network, ifname, container_id)
+
+
 def _instance_prefixes(network: str, ifname: str, container_id: str) -> tuple[str, str]:
     return (hash_for_instance(network, ifname, container_id),
             legacy_instance(network, ifname, container_id))
+
+
+def record_chain(network: str, ifname: str, container_id: str) -> str:
+    return RECORD_PREFIX + hash_for_instance(network, ifname, container_id)
+
+
+def _record(network: str, ifname: str, container_id: str) -> nftrecord.Record | None:
+    return nftrecord.read(FAMILY, TABLE, record_chain(network, ifname, container_id), (CHAIN,))
 
 
 def setup(ips: list[str], network: str, ifname: str, container_id: str) -> None:
     """Masquerade each 'ip/prefix' to anything outside its subnet, replacing any rules this
     attachment had (one atomic batch)."""
     tag = _quoted_comment(network, ifname, container_id)
-    stale = _rules(*_instance_prefixes(network, ifname, container_id))
+    record = record_chain(network, ifname, container_id)
+    rec = _record(network, ifname, container_id)
     script = (
         f"add table {FAMILY} {TABLE} {{ comment {nft.comment(TABLE_COMMENT)} ; }}\n"
         f"add chain {FAMILY} {TABLE} {CHAIN} {{ comment {nft.comment(CHAIN_COMMENT)} ; }}\n"
@@ -90,26 +121,50 @@ def setup(ips: list[str], network: str, ifname: str, container_id: str) -> None:
         f"add rule {FAMILY} {TABLE} {BASE} ip daddr 224.0.0.0/4 return\n"
         f"add rule {FAMILY} {TABLE} {BASE} ip6 daddr ff00::/8 return\n"
         f"add rule {FAMILY} {TABLE} {BASE} goto {CHAIN}\n"
-        + nft.delete_rules_script(stale)
+        + nftrecord.fresh_chain_script(FAMILY, TABLE, record)
     )
+    sources = []
     for cidr in ips:
         iface = ipaddress.ip_interface(cidr)
         proto = "ip" if iface.version == 4 else "ip6"
+        sources.append(str(iface.ip))
         script += (f"add rule {FAMILY} {TABLE} {CHAIN} {proto} saddr {iface.ip} "
                    f"{proto} daddr != {iface.network} masquerade comment {tag}\n")
-    nft.run(script)
+    script += nftrecord.meta_script(FAMILY, TABLE, record, [CHAIN] * len(sources),
+                                    {"a": sources})
+    if rec is None or rec.handles:  # a fresh attachment, or one whose record says where
+        try:
+            nft.run(script + nftrecord.handles_script(FAMILY, TABLE, rec.handles if rec
+                                                      else {}))
+            return
+        except nft.NftError:
+            pass  # a recorded rule is gone already: list and replace what is there
+    nft.run(script + nft.delete_rules_script(
+        _rules(*_instance_prefixes(network, ifname, container_id))))
 
 
 def teardown(network: str, ifname: str, container_id: str) -> int:
-    """Remove this attachment's rules (and its legacy ones); how many there were."""
+    """Remove this attachment's rules (and its legacy ones) and record; how many rules."""
+    record = record_chain(network, ifname, container_id)
+    rec = _record(network, ifname, container_id)
+    drop = nftrecord.drop_script(FAMILY, TABLE, record) if rec is not None else ""
+    if rec is not None and rec.handles:
+        try:
+            nft.run(nftrecord.handles_script(FAMILY, TABLE, rec.handles) + drop)
+            return sum(map(len, rec.handles.values()))
+        except nft.NftError:
+            pass  # the reference's DEL removed them (a swap): list
     found = _rules(*_instance_prefixes(network, ifname, container_id))
-    if found:
-        nft.run(nft.delete_rules_script(found))
+    if found or drop:
+        nft.run(nft.delete_rules_script(found) + drop)
     return len(found)
 
 
 def present(network: str, ifname: str, container_id: str) -> list[str]:
     """Source addresses this attachment's rules masquerade (for CHECK)."""
+    rec = _record(network, ifname, container_id)
+    if rec is not None and nftrecord.present(FAMILY, TABLE, rec.handles):
+        return rec.fact("a")
     out = []
     for rule in _rules(*_instance_prefixes(network, ifname, container_id)):
         for expr in rule.get("expr", []):
@@ -127,8 +182,12 @@ def gc(network: str, valid: set[tuple[str, str]]) -> int:
     if its hash prefix does (a superset: it also keeps a valid attachment's rule whose readable
     tail differs). Legacy (SHA-256) rules of the network are judged the same way."""
     keep = {h for cid, ifname in valid for h in _instance_prefixes(network, ifname, cid)}
-    prefixes = (hash_for_network(network) + "-", legacy_hash(network) + "-")
-    stale = [r for r in _rules(*prefixes) if str(r["comment"])[:PREFIX_LEN] not in keep]
-    if stale:
-        nft.run(nft.delete_rules_script(stale))
+    stale = [r for r in network_rules(network) if instance_of(r) not in keep]
+    records = RECORD_PREFIX + hash_for_network(network) + "-"
+    dropped = [c for c in nft.chains(FAMILY, TABLE) if c.startswith(records)
+               and c[len(RECORD_PREFIX):] not in keep]
+    script = nft.delete_rules_script(stale) + "".join(
+        nftrecord.drop_script(FAMILY, TABLE, c) for c in dropped)
+    if script:
+        nft.run(script)
     return len(stale)

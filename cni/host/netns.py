@@ -1,7 +1,8 @@
 """Network namespaces: open one by path or fd, enter it briefly, open netlink sockets in it.
 
-We setns the calling thread and switch back rather than use pyroute2's netns helpers: those fork
-a child per socket and default to O_CREAT, which would create a namespace for a bad path.
+We setns the calling thread and build pyroute2's IPRoute there, then switch back, rather than
+use IPRoute(netns=...): that forks a child per socket and defaults to O_CREAT, which would create
+a namespace for a bad path. The socket stays in the namespace it was made in.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from cni.host import nsfd
 from cni.host.errors import NamespaceError, NamespaceMissing
 from cni.host.nsfd import is_netns, setns
 
 if TYPE_CHECKING:
-    from cni.host.nlsocket import NetlinkSocket
+    from pyroute2 import IPRoute as NetlinkSocket
 
 # The request's sockets, set only inside shared_sockets(): namespace (st_dev, st_ino) -> the one
 # socket for it. A context variable, so no state outlives the request or leaks across threads.
@@ -58,14 +60,24 @@ def entered(target: int | str) -> Iterator[None]:
         os.close(fd)
 
 
-def _new_iproute(target: int | str | None) -> NetlinkSocket:
-    # rtnl.py's client; pyroute2's IPRoute (no event loop) on its socket only if called for
-    from cni.host.nlsocket import NetlinkSocket
+def new_socket() -> NetlinkSocket:
+    """pyroute2's IPRoute on a socket made now, in the calling thread's namespace: no multicast
+    groups (a request socket: nothing queues up behind our answers), strict checking on so that
+    a dump asked with a link's index is filtered by the kernel (dumps.py)."""
+    from pyroute2 import IPRoute
 
+    ipr = IPRoute(groups=0, strict_check=True, libc=nsfd.libc())
+    # IPRoute's nlm_request (dumps.py) reads this, which only NetlinkSocket's __init__ sets
+    # (pyroute2 0.9.7): False returns the dump as a tuple.
+    ipr.status.setdefault("nlm_generator", False)
+    return ipr
+
+
+def _new_iproute(target: int | str | None) -> NetlinkSocket:
     if target is None:
-        return NetlinkSocket()
+        return new_socket()
     with entered(target):
-        return NetlinkSocket()
+        return new_socket()
 
 
 class _Borrowed(AbstractContextManager):
@@ -95,18 +107,39 @@ def ns_key(target: int | str | None = None) -> tuple[int, int]:
 
 
 def iproute(target: int | str | None = None) -> AbstractContextManager[NetlinkSocket]:
-    """A netlink socket (nlsocket.py: rtnl.py's requests, pyroute2's IPRoute API on demand)
-    that lives in `target` (None: the current namespace), for a `with` block. Inside
-    shared_sockets() it is the request's one socket for that namespace."""
+    """A pyroute2 IPRoute whose socket lives in `target` (None: the current namespace), for
+    a `with` block. Inside shared_sockets() it is the request's one socket for that
+    namespace; in a process that keeps one for its own namespace (keep_home_socket), that one
+    for that namespace."""
     sockets = _shared.get()
-    if sockets is None:
+    if sockets is None and _kept is None:
         return _new_iproute(target)
     # Keyed by the namespace itself, not the path: None inside entered() is the container.
     key = ns_key(target)
+    if _kept is not None and key == _kept[0]:
+        return _Borrowed(_kept[1])
+    if sockets is None:
+        return _new_iproute(target)
     ipr = sockets.get(key)
     if ipr is None:
         ipr = sockets[key] = _new_iproute(target)
     return _Borrowed(ipr)
+
+
+# A spare's IPRoute for its own namespace, kept from request to request: (namespace, socket).
+_kept: tuple[tuple[int, int], NetlinkSocket] | None = None
+
+
+def keep_home_socket() -> None:
+    """Make one IPRoute for this process's namespace now and hand it out for that namespace
+    from now on (iproute), never closed: for a daemon's spare, which serves request after
+    request in the namespace it was forked in (most requests' host namespace), and records its
+    fds after its warm-up (this socket's among them). Never in a process that forks children
+    which use netlink: they would share the socket. Only requests are sent on it (no multicast
+    groups): each reads its own answers, by sequence number."""
+    global _kept
+    if _kept is None:
+        _kept = (ns_key(), new_socket())
 
 
 @contextmanager

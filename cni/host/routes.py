@@ -5,12 +5,8 @@ from __future__ import annotations
 import errno
 import ipaddress
 import socket
-import struct
 
-from cni.host import lean_pyroute2, rtnl
 from cni.host.errors import HostError
-
-lean_pyroute2.install()  # pyroute2 is imported below by submodule only (see lean_pyroute2)
 
 RTPROT_BOOT = 3
 
@@ -26,20 +22,32 @@ def add(ipr, dst: str, oif: int, gw: str | None = None, *, mtu: int = 0, advmss:
     """Add one route through `oif`, appended (NLM_F_APPEND, the reference's RouteAddEcmp): a
     second network's default route joins the first (IPv6: one multipath route; IPv4: a second
     route) instead of failing with EEXIST. An identical route already there is fine."""
-    from pyroute2.netlink.exceptions import NetlinkError  # its module alone (nlsocket.py)
+    from pyroute2 import NetlinkError
 
-    # proto boot, as the reference's netlink library leaves it (pyroute2 would say static).
-    # Built with rtnl.py, byte for byte what pyroute2's route("append") sent.
-    metrics = {k: v for k, v in ((rtnl.RTAX_MTU, mtu), (rtnl.RTAX_ADVMSS, advmss)) if v}
     try:
-        request = rtnl.route_append(ipaddress.ip_network(dst, strict=False), oif,
-                                    ipaddress.ip_address(gw) if gw else None,
-                                    proto=RTPROT_BOOT, metrics=metrics, priority=priority,
-                                    table=table, scope=scope or 0)
-    except (ValueError, TypeError, struct.error) as e:  # e.g. a gateway of the other family
+        net = ipaddress.ip_network(dst, strict=False)
+        gateway = ipaddress.ip_address(gw) if gw else None
+        if gateway is not None and gateway.version != net.version:
+            raise ValueError(f"gateway {gateway} is not of the family of {net}")
+    except ValueError as e:
         raise HostError(f"failed to add route '{dst} via {gw} dev {ifname}': {e}") from None
+    # proto boot, as the reference's netlink library leaves it (pyroute2 would say static).
+    spec: dict = {"family": socket.AF_INET if net.version == 4 else socket.AF_INET6,
+                  "dst_len": net.prefixlen, "oif": oif, "proto": RTPROT_BOOT,
+                  "table": 254 if table is None else table}
+    if net.prefixlen:  # a default route carries no RTA_DST
+        spec["dst"] = str(net.network_address)
+    if gateway is not None:
+        spec["gateway"] = str(gateway)
+    metrics = {k: v for k, v in (("mtu", mtu), ("advmss", advmss)) if v}
+    if metrics:
+        spec["metrics"] = metrics
+    if priority:
+        spec["priority"] = priority
+    if scope:
+        spec["scope"] = scope
     try:
-        ipr.request_raw(*request)
+        ipr.route("append", **spec)
     except NetlinkError as e:
         if e.code == errno.EEXIST and find(ipr, dst, gw):
             return
@@ -47,12 +55,38 @@ def add(ipr, dst: str, oif: int, gw: str | None = None, *, mtu: int = 0, advmss:
                        f"{e.args[1] if len(e.args) > 1 else e}") from None
 
 
+def _gateways(msg) -> list[str]:
+    """RTA_GATEWAY and the gateway of each RTA_MULTIPATH hop."""
+    found = [msg.get_attr("RTA_GATEWAY")] if msg.get_attr("RTA_GATEWAY") else []
+    for hop in msg.get_attr("RTA_MULTIPATH") or ():
+        if hop.get_attr("RTA_GATEWAY"):
+            found.append(hop.get_attr("RTA_GATEWAY"))
+    return found
+
+
 def find(ipr, dst: str, gw: str | None = None) -> list:
-    """Routes (main table and others) to exactly `dst`, through `gw` if given."""
+    """Routes (main table and others) to exactly `dst`, through `gw` if given, as
+    (dst_len, dst, gateways)."""
     want = ipaddress.ip_network(dst, strict=False)
-    # the socket's rtnl.py reader (not pyroute2's decoder): (dst_len, dst, gateways)
-    return [(dst_len, got, gws) for dst_len, got, gws in ipr.raw.routes(family_of(dst))
-            if dst_len == want.prefixlen
-            and not (want.prefixlen and (got is None or ipaddress.ip_address(got)
-                                         != want.network_address))
-            and not (gw and gws and gw not in gws)]
+    found = []
+    for msg in ipr.route("dump", family=family_of(dst)):
+        got, gws = msg.get_attr("RTA_DST"), _gateways(msg)
+        if msg["dst_len"] != want.prefixlen:
+            continue
+        if want.prefixlen and (got is None or ipaddress.ip_address(got) != want.network_address):
+            continue
+        if gw and gws and gw not in gws:
+            continue
+        found.append((msg["dst_len"], got, gws))
+    return found
+
+
+def oif_toward(ipr, address: str) -> int | None:
+    """RTA_OIF of the route the kernel picks for `address` (ip route get); None if no route."""
+    from pyroute2 import NetlinkError
+
+    try:
+        replies = ipr.route("get", dst=address)
+    except NetlinkError:
+        return None
+    return next((m.get_attr("RTA_OIF") for m in replies), None)

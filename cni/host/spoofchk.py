@@ -10,14 +10,19 @@ names (pkg/link/spoofcheck.go), so the reference's teardown removes ours and our
 
 refID is `<containerID>-<ifname>`. pycni releases before the v1.9 layout used a hash instead
 (`<sha256(net)[:16]>-<sha256(ifname:cid)[:16]>`, "legacy"): teardown and GC remove those too.
+
+PREROUTING holds one jump per pod on the node, so ADD, CHECK and DEL do not list it: both sides
+add the jump right after the -mac chain, so its handle is that chain's + 1, which the kernel
+confirms by the rule's comment (cni.host.nftrecord.comments). When it cannot
+confirm, the verb lists the table as before. GC lists it.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
-from cni.host import masq, nft
+from cni.host import masq, nft, nftrecord
 
 FAMILY = "bridge"
 TABLE = "nat"
@@ -55,11 +60,13 @@ def setup(host_ifname: str, mac: str, container_id: str, ifname: str) -> None:
     ref = ref_id(container_id, ifname)
     iface_chain, mac_chain = (nft.chain_name(c) for c in _chains(ref))
     tag = nft.quote(TAG + ref)
+    known = _targeted([ref])
     script = (
         f"add table {FAMILY} {TABLE}\n"
         f"add chain {FAMILY} {TABLE} {BASE} "
         "{ type filter hook prerouting priority -300; policy accept; }\n"
-        + _teardown_script(_listing(), [ref])
+        + (_targeted_script(known) if known is not None else
+           _teardown_script(_listing(), [ref]))
         + f"add chain {FAMILY} {TABLE} {iface_chain}\n"
         f"add chain {FAMILY} {TABLE} {mac_chain}\n"
         f"add rule {FAMILY} {TABLE} {BASE} iifname \"{host_ifname}\" jump {iface_chain} "
@@ -95,9 +102,53 @@ def _refs(container_id: str, ifname: str, network: str) -> list[str]:
     return [ref_id(container_id, ifname), masq.legacy_instance(network, ifname, container_id)]
 
 
+_ABSENT = -1  # neither chain of the refID exists
+
+
+def _chain_handle(name: str) -> int | None:
+    found = nft.list_json(f"chain {FAMILY} {TABLE} {nft.chain_name(name)}")
+    return next((o["chain"].get("handle") for o in found if "chain" in o), None)
+
+
+def _targeted(refs: list[str]) -> dict[str, int] | None:
+    """refID -> its PREROUTING jump's handle (_ABSENT when it has no chains), without listing
+    PREROUTING; None when that cannot be told for one of them (then list)."""
+    out = {}
+    for ref in refs:
+        iface, mac = _chains(ref)
+        base = _chain_handle(mac)
+        if base is None:
+            if _chain_handle(iface) is not None:
+                return None
+            out[ref] = _ABSENT
+        elif nftrecord.comments(FAMILY, TABLE, [(BASE, base + 1)]) == [TAG + ref]:
+            out[ref] = base + 1
+        else:
+            return None
+    return out
+
+
+def _targeted_script(found: dict[str, int]) -> str:
+    live = {ref: h for ref, h in found.items() if h != _ABSENT}
+    script = "".join(f"delete rule {FAMILY} {TABLE} {BASE} handle {h}\n" for h in live.values())
+    doomed = [c for ref in live for c in _chains(ref)]
+    script += "".join(f"flush chain {FAMILY} {TABLE} {nft.chain_name(c)}\n" for c in doomed)
+    return script + "".join(f"delete chain {FAMILY} {TABLE} {nft.chain_name(c)}\n"
+                            for c in doomed)
+
+
 def teardown(container_id: str, ifname: str, network: str) -> bool:
     """Remove this attachment's spoof check (either layout); whether there was one."""
     refs = [r for r in _refs(container_id, ifname, network) if _safe(r)]
+    known = _targeted(refs)
+    if known is not None:
+        script = _targeted_script(known)
+        try:
+            if script:
+                nft.run(script)
+            return bool(script)
+        except nft.NftError:
+            pass  # changed meanwhile: list
     script = _teardown_script(_listing(), refs)
     if script:
         nft.run(script)
@@ -114,6 +165,9 @@ def _safe(ref: str) -> bool:
 
 def present(container_id: str, ifname: str, network: str) -> bool:
     """The jump rule and the MAC chain exist (for CHECK)."""
+    known = _targeted([r for r in _refs(container_id, ifname, network) if _safe(r)])
+    if known is not None:
+        return any(h != _ABSENT for h in known.values())
     chains, rules = _listing()
     for ref in _refs(container_id, ifname, network):
         if _chains(ref)[1] in chains and any(r.get("comment") == TAG + ref for r in rules):
@@ -130,6 +184,21 @@ def _jump_iifname(rule: dict[str, Any]) -> str | None:
     return None
 
 
+class Check(NamedTuple):
+    """One spoof check: its refID and the host veth its jump rule matches (None if unreadable)."""
+
+    ref: str
+    host_ifname: str | None
+
+
+def checks(listing: tuple[set[str], list[dict[str, Any]]] | None = None) -> list[Check]:
+    """Every spoof check in `bridge nat` (by its jump rules): what GC judges and `pycni
+    attachments` shows."""
+    rules = (listing or _listing())[1]
+    return [Check(str(r["comment"])[len(TAG):], _jump_iifname(r)) for r in rules
+            if str(r.get("comment") or "").startswith(TAG)]
+
+
 def gc(network: str, valid: set[tuple[str, str]], host_links: set[str]) -> int:
     """Remove stale spoof checks; how many.
 
@@ -142,15 +211,11 @@ def gc(network: str, valid: set[tuple[str, str]], host_links: set[str]) -> int:
     legacy_keep = {masq.legacy_instance(network, ifname, cid) for cid, ifname in valid}
     legacy_net = masq.legacy_hash(network) + "-"
     stale = set()
-    for rule in listing[1]:
-        tag = str(rule.get("comment") or "")
-        if not tag.startswith(TAG):
-            continue
-        ref = tag[len(TAG):]
+    for ref, host_ifname in checks(listing):
         if _LEGACY.match(ref) and ref.startswith(legacy_net):
             if ref not in legacy_keep:
                 stale.add(ref)
-        elif ref not in keep and _jump_iifname(rule) not in host_links and _safe(ref):
+        elif ref not in keep and host_ifname not in host_links and _safe(ref):
             stale.add(ref)
     script = _teardown_script(listing, sorted(stale))
     if script:

@@ -6,24 +6,21 @@ kernel holds the same rate, limit and buffer for the same input:
     buffer = trunc(trunc(burst_B * 1e6 / rate_B) us * tick_in_usec)   (psched ticks)
     limit  = trunc(rate_B * 25 ms / 1e6) + burst_B                      (bytes)
 tick_in_usec comes from /proc/net/psched as netlink's initClock reads it. We build the tbf
-message ourselves (pyroute2's tbf helper recomputes the buffer and has no TCA_TBF_RATE64), and send
-no rate table, as the reference does not.
+message with pyroute2's message classes ourselves (its tc("add", "tbf") helper recomputes the
+buffer, adds a rate table and has no TCA_TBF_RATE64): tbf_message() is pyroute2's tcmsg whose tbf
+options also know TCA_TBF_RATE64, registered on the socket as the RTM_NEWQDISC parser too, so
+CHECK reads back a rate above 2^32 bytes/s. No rate table is sent, as the reference sends none.
 """
 
 from __future__ import annotations
 
 import errno
-import struct
-import sys
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cni.host import lean_pyroute2, rtnl
-from cni.host.rtnl import Rtnl
+from cni.host import dumps
 
 if TYPE_CHECKING:
     from pyroute2 import IPRoute
-
-lean_pyroute2.install()  # pyroute2 is imported below by submodule only (see lean_pyroute2)
 
 TIME_UNITS_PER_SEC = 1_000_000
 LATENCY_USEC = 25_000.0  # the reference's fixed 25 ms
@@ -79,126 +76,161 @@ def tbf_for(rate_bits: int, burst_bits: int, ticks: float | None = None) -> Tbf:
 
 
 
-# The writes are built with rtnl.py, byte for byte what pyroute2 sent for them
-# (tests/test_tc_encoding.py compares): its encoder cost ~0.5-1 ms of CPU a message.
-_CREATE = rtnl.NLM_F_CREATE | rtnl.NLM_F_EXCL
-_TBF_QOPT = struct.Struct("=BBHhHI12xIII")  # tc_tbf_qopt: rate (tc_ratespec), peakrate, limit,
-#                                              buffer, mtu
-_MIRRED = struct.Struct("=IIiiiiI")  # tc_mirred: index, capab, action, refcnt, bindcnt, eaction,
-#                                      ifindex
-_U32_SEL = struct.Struct("=BBBBHHhhIIIii")  # tc_u32_sel (flags, offshift, nkeys, pad, offmask,
-#                                              off, offoff, hoff, hmask) and its one tc_u32_key
-TC_ACT_STOLEN = 4
-TCA_EGRESS_REDIR = 1
-TC_U32_TERMINAL = 1
-_U32_CLASSID, _U32_SEL_ATTR, _U32_ACT = 1, 5, 7  # TCA_U32_*
+_TBF_MSG: type | None = None
 
 
-def _qdisc(ipr: IPRoute, index: int, handle: int, parent: int, kind: bytes,
-           options: bytes = b"") -> None:
-    body = rtnl.TCMSG.pack(0, 0, index, handle, parent, 0) + rtnl.attr(rtnl.TCA_KIND, kind)
-    if options:
-        body += rtnl.attr(rtnl.TCA_OPTIONS, options)
-    ipr.request_raw(rtnl.RTM_NEWQDISC, _CREATE, body)
+def tbf_message() -> type:
+    """pyroute2's tcmsg, with tbf options that also know TCA_TBF_RATE64 (and the rest of
+    linux/pkt_sched.h's TCA_TBF_*); other kinds' options as pyroute2 knows them."""
+    global _TBF_MSG
+    if _TBF_MSG is None:
+        from pyroute2.netlink import nla
+        from pyroute2.netlink.rtnl.tcmsg import sched_tbf, tcmsg
+
+        class tbf_options(nla):  # noqa: N801 - pyroute2's naming of message classes
+            nla_map = (
+                ("TCA_TBF_UNSPEC", "none"),
+                ("TCA_TBF_PARMS", "tbf_parms"),
+                ("TCA_TBF_RTAB", "hex"),
+                ("TCA_TBF_PTAB", "hex"),
+                ("TCA_TBF_RATE64", "uint64"),
+                ("TCA_TBF_PRATE64", "uint64"),
+                ("TCA_TBF_BURST", "uint32"),
+                ("TCA_TBF_PBURST", "uint32"),
+                ("TCA_TBF_PAD", "hex"),
+            )
+            tbf_parms = sched_tbf.options.tbf_parms
+
+        class tbfmsg(tcmsg):  # noqa: N801
+            # get_plugin, not get_options: pyroute2 compiles a class's NLA table once and a
+            # subclass compiled after tcmsg shares tcmsg's (its get_options). get_plugin is
+            # looked up on the message at each encode and decode.
+            def get_plugin(self, plug: str, *argv: Any, **kwarg: Any) -> Any:
+                if plug == "options" and self.get_attr("TCA_KIND") == "tbf":
+                    return tbf_options
+                return tcmsg.get_plugin(self, plug, *argv, **kwarg)
+
+        _TBF_MSG = tbfmsg
+    return _TBF_MSG
+
+
+def _qdisc(ipr: IPRoute, index: int, parent: int) -> Any:
+    """The link's qdisc at `parent`, tbf options read with tbf_message(); None if none."""
+    from pyroute2.netlink.rtnl import RTM_NEWQDISC
+
+    ipr.register_policy(RTM_NEWQDISC, tbf_message())
+    return dumps.qdisc(ipr, index, parent, tbf_message())
 
 
 def add_tbf(ipr: IPRoute, index: int, tbf: Tbf) -> None:
     """tbf as the root qdisc (handle 1:) of the link; fails if a root qdisc of ours exists."""
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_NEWQDISC
+
     rate = tbf.rate & U32_MAX
     # cell_log 3 and cell_align -1: what tc (and pyroute2) compute for a rate table at MTU 1600;
     # no table is sent, the kernel keeps them as given.
     cell_log, cell_align = (3, -1) if rate else (0, 0)
-    options = rtnl.attr(_TBF_PARMS, _TBF_QOPT.pack(cell_log, 0, 0, cell_align, 0, rate,
-                                                   tbf.limit, tbf.buffer, 0))
+    parms = {"rate_cell_log": cell_log, "rate_cell_align": cell_align, "rate": rate,
+             "peak": 0, "limit": tbf.limit, "buffer": tbf.buffer, "mtu": 0}
+    options: list[list[Any]] = [["TCA_TBF_PARMS", parms]]
     if tbf.rate > U32_MAX:
-        options += rtnl.attr(_TBF_RATE64, _U64.pack(tbf.rate))
-    _qdisc(ipr, index, TBF_HANDLE, TC_H_ROOT, b"tbf\0", options)
+        options.append(["TCA_TBF_RATE64", tbf.rate])
+    msg = tbf_message()()
+    msg["family"], msg["index"], msg["handle"], msg["parent"] = 0, index, TBF_HANDLE, TC_H_ROOT
+    msg["attrs"] = [["TCA_KIND", "tbf"], ["TCA_OPTIONS", {"attrs": options}]]
+    msg["header"]["type"] = RTM_NEWQDISC
+    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+    ipr.nlm_request_batch([msg])
 
 
 def read_tbf(ipr: IPRoute, index: int) -> Tbf | None:
-    """The root tbf of the link as the kernel reports it, or None if the root is not tbf."""
-    return _raw_tbf(ipr.raw, index)  # the socket's rtnl.py reader, not pyroute2's decoder
-
-
-_TBF_PARMS, _TBF_RATE64 = 1, 4  # TCA_TBF_*
-_U32, _U64 = struct.Struct("=I"), struct.Struct("=Q")
-
-
-def _raw_tbf(raw: Rtnl, index: int) -> Tbf | None:
-    """read_tbf over rtnl.py: struct tc_tbf_qopt is rate (a tc_ratespec, its u32 rate at
-    8), peakrate, limit (at 24), buffer (at 28), mtu; a rate64 attribute overrides the rate."""
-    for parent, kind, options in raw.qdiscs(index):
-        parms = options.get(_TBF_PARMS)
-        if parent != TC_H_ROOT or kind != "tbf" or parms is None or len(parms) < 32:
-            continue
-        rate64 = options.get(_TBF_RATE64)
-        rate = _U64.unpack_from(rate64)[0] if rate64 and len(rate64) >= 8 else 0
-        return Tbf(rate=rate or _U32.unpack_from(parms, 8)[0],
-                   limit=_U32.unpack_from(parms, 24)[0], buffer=_U32.unpack_from(parms, 28)[0])
-    return None
+    """The root tbf of the link as the kernel reports it, or None if the root is not tbf; a
+    rate64 attribute overrides the u32 rate."""
+    msg = _qdisc(ipr, index, TC_H_ROOT)
+    options = msg.get_attr("TCA_OPTIONS") if msg is not None else None
+    if options is None or msg.get_attr("TCA_KIND") != "tbf":
+        return None
+    parms = options.get_attr("TCA_TBF_PARMS")
+    if parms is None:
+        return None
+    rate = options.get_attr("TCA_TBF_RATE64") or parms["rate"]
+    return Tbf(rate=rate, limit=parms["limit"], buffer=parms["buffer"])
 
 
 def root_kind(ipr: IPRoute, index: int) -> str | None:
-    return next((kind for parent, kind, _ in ipr.raw.qdiscs(index) if parent == TC_H_ROOT),
-                None)
+    msg = _qdisc(ipr, index, TC_H_ROOT)
+    return msg.get_attr("TCA_KIND") if msg is not None else None
 
 
 def has_ingress(ipr: IPRoute, index: int) -> bool:
-    return any(parent == TC_H_INGRESS for parent, _, _ in ipr.raw.qdiscs(index))
+    return _qdisc(ipr, index, TC_H_INGRESS) is not None
 
 
 def add_ingress(ipr: IPRoute, index: int) -> None:
     """The ingress qdisc (ffff:) on the link."""
-    _qdisc(ipr, index, INGRESS_HANDLE, TC_H_INGRESS, b"ingress\0")
+    ipr.tc("add", "ingress", index, INGRESS_HANDLE)
 
 
 def add_redirect(ipr: IPRoute, index: int, target: int) -> None:
     """Match-all u32 filter on the link's ingress: redirect every packet to `target`'s egress
     (prio 1, protocol all, classid 1:1, one key 0x0/0x0 at 0, terminal; mirred egress redirect,
     stolen)."""
-    mirred = rtnl.attr(rtnl.TCA_ACT_KIND, b"mirred\0") + rtnl.attr(
-        rtnl.TCA_ACT_OPTIONS | rtnl.NLA_F_NESTED,
-        rtnl.attr(rtnl.TCA_MIRRED_PARMS,
-                  _MIRRED.pack(0, 0, TC_ACT_STOLEN, 0, 0, TCA_EGRESS_REDIR, target)))
-    options = (rtnl.attr(_U32_ACT, rtnl.attr(1, mirred))
-               + rtnl.attr(_U32_CLASSID, _U32.pack(REDIRECT_CLASSID))
-               + rtnl.attr(_U32_SEL_ATTR, _U32_SEL.pack(TC_U32_TERMINAL, 0, 1, 0, 0, 0, 0, 0, 0,
-                                                        0, 0, 0, 0)))
-    # tcm_info: prio << 16 | the protocol in network byte order (htons)
-    info = 1 << 16 | int.from_bytes(ETH_P_ALL.to_bytes(2, "big"), sys.byteorder)
-    body = (rtnl.TCMSG.pack(0, 0, index, 0, INGRESS_HANDLE, info)
-            + rtnl.attr(rtnl.TCA_KIND, b"u32\0") + rtnl.attr(rtnl.TCA_OPTIONS, options))
-    ipr.request_raw(rtnl.RTM_NEWTFILTER, _CREATE, body)
+    ipr.tc("add-filter", "u32", index, parent=INGRESS_HANDLE, prio=1, protocol=ETH_P_ALL,
+           target=REDIRECT_CLASSID, keys=["0x0/0x0+0"],
+           action={"kind": "mirred", "direction": "egress", "action": "redirect",
+                   "ifindex": target})
+
+
+def _filter_redirects(ipr: IPRoute, index: int) -> list[list[int]]:
+    """The link's ingress filters (one per message the kernel dumps), each as the ifindexes its
+    mirred actions send to."""
+    found = []
+    for msg in ipr.get_filters(index=index, parent=INGRESS_HANDLE):
+        targets: list[int] = []
+        found.append(targets)
+        options = msg.get_attr("TCA_OPTIONS")
+        actions = options.get_attr("TCA_U32_ACT") if options is not None else None
+        for name, act in actions["attrs"] if actions is not None else ():
+            if name.startswith("TCA_ACT_PRIO_"):  # each action, by its order
+                _mirred_targets(act, targets)
+    return found
+
+
+def _mirred_targets(act: Any, targets: list[int]) -> None:
+    if act.get_attr("TCA_ACT_KIND") != "mirred":
+        return
+    options = act.get_attr("TCA_ACT_OPTIONS")
+    parms = options.get_attr("TCA_MIRRED_PARMS") if options is not None else None
+    if parms is not None:
+        targets.append(parms["ifindex"])
 
 
 def redirect_targets(ipr: IPRoute, index: int) -> list[int]:
     """Ifindexes the link's ingress filters redirect to (mirred actions)."""
-    return [t for f in ipr.raw.filter_redirects(index, INGRESS_HANDLE) for t in f]
+    return [t for f in _filter_redirects(ipr, index) for t in f]
 
 
 def ingress_is_for(ipr: IPRoute, index: int, target: int) -> bool:
     """Whether the link's ingress qdisc belongs to a redirect to `target`: it redirects there,
     or it has no filter at all (an ADD killed between the qdisc and its redirect leaves that)."""
-    found = ipr.raw.filter_redirects(index, INGRESS_HANDLE)
+    found = _filter_redirects(ipr, index)
     return any(target in f for f in found) if found else has_ingress(ipr, index)
-
 
 
 def delete_root(ipr: IPRoute, index: int) -> None:
     """Remove the root qdisc (the kernel puts the default back); none is fine."""
-    _ignore_missing(lambda: ipr.request_raw(
-        rtnl.RTM_DELQDISC, 0, rtnl.TCMSG.pack(0, 0, index, TBF_HANDLE, TC_H_ROOT, 0)))
+    _ignore_missing(lambda: ipr.tc("del", index=index, handle=TBF_HANDLE, parent=TC_H_ROOT))
 
 
 def delete_ingress(ipr: IPRoute, index: int) -> None:
     """Remove the ingress qdisc and its filters; none is fine."""
-    _ignore_missing(lambda: ipr.request_raw(
-        rtnl.RTM_DELQDISC, 0, rtnl.TCMSG.pack(0, 0, index, INGRESS_HANDLE, TC_H_INGRESS, 0)
-        + rtnl.attr(rtnl.TCA_KIND, b"ingress\0")))
+    _ignore_missing(lambda: ipr.tc("del", "ingress", index, INGRESS_HANDLE,
+                                   parent=TC_H_INGRESS))
 
 
 def _ignore_missing(call) -> None:
-    from pyroute2.netlink.exceptions import NetlinkError
+    from pyroute2 import NetlinkError
 
     try:
         call()

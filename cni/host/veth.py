@@ -12,7 +12,7 @@ import os
 from contextlib import nullcontext
 from typing import NamedTuple
 
-from cni.host import links, netns, rtnl, sysctl
+from cni.host import links, netns, sysctl
 from cni.host.errors import HostError
 
 ATTEMPTS = 10
@@ -25,34 +25,35 @@ class Pair(NamedTuple):
 
 def random_name() -> str:
     """`veth` + 8 random hex digits, as the reference names host ends."""
-    return "veth" + os.urandom(4).hex()  # secrets.token_hex(4), without its OpenSSL import
+    return "veth" + os.urandom(4).hex()
 
 
 def create(container_ns: int | str, ifname: str, mtu: int = 0, mac: str = "",
-           host_name: str = "") -> Pair:
-    """Create the pair; the host end is up with accept_ra=0, the container end is down.
+           host_name: str = "", master: int = 0) -> Pair:
+    """Create the pair; the host end is up with accept_ra=0 (and a port of bridge `master`
+    if given), the container end is down.
 
-    Retries with a new random host name on EEXIST (another plugin raced us for the name).
+    Retries with a new random host name on EEXIST when that name is taken on the host (another
+    plugin raced us for it); otherwise EEXIST is the container's name, already there.
     """
-    from pyroute2.netlink.exceptions import NetlinkError  # its module alone (nlsocket.py)
+    from pyroute2 import NetlinkError
 
-    with netns.iproute(container_ns) as cipr:
-        if links.get(cipr, ifname) is not None:
-            raise HostError(f"container veth name provided ({ifname}) already exists")
     fd = netns.open_ns(container_ns)
     try:
         with netns.iproute() as ipr:
             for _ in range(ATTEMPTS):
                 name = host_name or random_name()
-                # txqueuelen 0 on both ends, as the reference's netlink leaves them.
                 try:
-                    ipr.request_raw(*rtnl.link_add_veth(name, ifname, fd, mtu, mac))
+                    _add(ipr, name, ifname, fd, mtu, mac, master)
                 except NetlinkError as e:
                     if e.code == errno.EEXIST and not host_name and links.get(ipr, name):
                         continue  # our random name was taken: draw another
                     if e.code == errno.EEXIST:
                         raise HostError(f"container veth name provided ({ifname}) "
                                        "already exists") from None
+                    if master and links.by_index(ipr, master) is None:
+                        raise HostError(f"failed to connect {name!r} to bridge: bridge "
+                                        f"index {master} not found") from None
                     raise HostError(f"failed to make veth pair: {e}") from None
                 return _finish(ipr, name, container_ns, ifname)
     finally:
@@ -60,11 +61,27 @@ def create(container_ns: int | str, ifname: str, mtu: int = 0, mac: str = "",
     raise HostError("failed to find a unique veth name")
 
 
+def _add(ipr, name: str, peer: str, peer_ns_fd: int, mtu: int, peer_mac: str,
+         master: int) -> None:
+    """The pair in one RTM_NEWLINK, the peer made directly in the namespace of `peer_ns_fd`,
+    the host end up at once (no second request to set it up). The host end gets txqueuelen 0;
+    the pod's end keeps the kernel's default (1000), as the reference's do (a qdisc a pod
+    installs on its eth0 gets a real queue)."""
+    peer_spec: dict = {"ifname": peer, "net_ns_fd": peer_ns_fd}
+    if peer_mac:
+        peer_spec["address"] = peer_mac
+    extra = {"mtu": mtu} if mtu else {}
+    if master:  # enslaved in the same request (IFLA_MASTER), as `ip link add ... master`
+        extra["master"] = master
+    if mtu:
+        peer_spec["mtu"] = mtu
+    ipr.link("add", ifname=name, txqlen=0, kind="veth", peer=peer_spec, state="up", **extra)
+
+
 def _finish(ipr, name: str, container_ns: int | str, ifname: str) -> Pair:
-    host = links.get(ipr, name)
+    host = links.get(ipr, name)  # up already (created so)
     if host is None:
         raise HostError(f"failed to lookup {name!r} after creating it")
-    links.set_up(ipr, host.index)
     try:
         sysctl.write(sysctl.conf(6, name, "accept_ra"), 0)  # we own this interface's routes
     except OSError:
@@ -73,7 +90,6 @@ def _finish(ipr, name: str, container_ns: int | str, ifname: str) -> Pair:
         container = links.get(cipr, ifname)
     if container is None:
         raise HostError(f"failed to lookup {ifname!r} in the container")
-    host = host._replace(up=True)  # set just now; nothing else of it changes by going up
     return Pair(host=host, container=container)
 
 
@@ -81,8 +97,9 @@ def delete_container_end(container_ns: int | str, ifname: str) -> bool:
     """Delete the container's veth (the host end goes with it); False if the link was not
     there. A missing namespace raises errors.NamespaceMissing. Returns once both ends are gone,
     without the kernel's clean-up wait after (linkgone.py)."""
+    from pyroute2 import NetlinkError
+
     from cni.host import linkgone
-    from cni.host.nlsocket import NetlinkError
 
     with netns.iproute(container_ns) as cipr:
         link = links.get(cipr, ifname)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterator
 
+from netaddr import IPAddress, iter_iprange
+
 from cni.ipam.config import Range, RangeSet
 from cni.ipam.store import Store
 from cni.spec.errors import CNIError, Code
@@ -24,35 +26,31 @@ def parse_ip(text: str) -> Address | None:
         return None
 
 
-def candidates(ranges: RangeSet, last: Address | None) -> Iterator[tuple[Range, int]]:
-    """(range, address) in the reference's RangeIter order, gateways skipped."""
-    idx, cur = 0, None
+def candidates(ranges: RangeSet, last: Address | None) -> Iterator[tuple[Range, IPAddress]]:
+    """(range, address) in the reference's RangeIter order, gateways skipped: after `last` to
+    the end of its range, the ranges after it, wrapping, then its range up to `last` itself."""
+    found = None
     if last is not None:
-        for i, r in enumerate(ranges):
-            if r.contains(last.version, int(last)):
-                idx, cur = i, int(last)
-                break
-    start: int | None = None
-    while True:
-        r = ranges[idx]
-        if cur is None:
-            cur = r.start
-        elif cur >= r.end:
-            idx = (idx + 1) % len(ranges)
-            r = ranges[idx]
-            cur = r.start
-        else:
-            cur += 1
-        if start is None:
-            start = cur
-        elif cur == start:
-            return
-        if cur != r.gateway:
-            yield r, cur
+        ip = IPAddress(int(last), last.version)
+        found = next(((i, ip) for i, r in enumerate(ranges) if ip in r.pool), None)
+    idx, after = found or (0, None)
+    here = ranges[idx]
+    walk: list[tuple[Range, IPAddress, IPAddress]] = []
+    if after is None:
+        walk.append((here, here.pool[0], here.pool[-1]))
+    elif after != here.pool[-1]:
+        walk.append((here, after + 1, here.pool[-1]))
+    walk += [(r, r.pool[0], r.pool[-1]) for r in ranges[idx + 1:] + ranges[:idx]]
+    if after is not None:
+        walk.append((here, here.pool[0], after))
+    for r, first, last_ip in walk:
+        for ip in iter_iprange(first, last_ip):
+            if ip != r.gateway:
+                yield r, ip
 
 
-def result_ip(r: Range, value: int) -> dict[str, str]:
-    return {"address": f"{r.ip(value)}/{r.network.prefixlen}", "gateway": r.ip(r.gateway)}
+def result_ip(r: Range, ip: IPAddress) -> dict[str, str]:
+    return {"address": f"{r.ip(ip)}/{r.network.prefixlen}", "gateway": r.ip(r.gateway)}
 
 
 class Allocator:
@@ -73,18 +71,18 @@ class Allocator:
                 raise CNIError(Code.INTERNAL, f"{ip} has been allocated to {container_id}, "
                                "duplicate allocation is not allowed")
         last = parse_ip(self.store.last_reserved(self.range_id) or "")
-        for r, value in candidates(self.ranges, last):
-            if self.store.reserve(container_id, ifname, r.ip(value), self.range_id):
-                return result_ip(r, value)
+        for r, ip in candidates(self.ranges, last):
+            if self.store.reserve(container_id, ifname, r.ip(ip), self.range_id):
+                return result_ip(r, ip)
         raise CNIError(Code.INTERNAL, f"no IP addresses available in range set: {self.ranges}")
 
     def _get_requested(self, container_id: str, ifname: str, ip: Address) -> dict[str, str]:
         r = self.ranges.range_for(ip)
         if r is None:
             raise CNIError(Code.INVALID_CONFIG, f"{ip} not in range set {self.ranges}")
-        if int(ip) == r.gateway:
+        if IPAddress(int(ip), ip.version) == r.gateway:
             raise CNIError(Code.INVALID_CONFIG, f"requested ip {ip} is subnet's gateway")
         if not self.store.reserve(container_id, ifname, str(ip), self.range_id):
             raise CNIError(Code.INTERNAL, f"requested IP address {ip} is not available in "
                            f"range set {self.ranges}")
-        return result_ip(r, int(ip))
+        return result_ip(r, IPAddress(int(ip), ip.version))

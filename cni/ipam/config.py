@@ -3,17 +3,22 @@
 The JSON shape is checked by config models (cni.spec.config: wrong types -> error 7 naming the
 key); the meaning (subnets, ranges, overlaps, requested IPs) is checked here with the
 reference's rules, in the reference's order, and every error names the key path and the value.
-Addresses are handled as integers so that iterating over a range costs nothing.
+Addresses are parsed and printed with the stdlib's ipaddress, as strict as Go's parser and
+writing Go's text; the ranges themselves are netaddr's (IPNetwork, IPRange, IPSet): membership,
+the walk over a pool, overlaps between ranges and range sets.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+from functools import cached_property
 from typing import Any, NamedTuple
 
+from netaddr import IPAddress, IPNetwork, IPRange, IPSet
+
 from cni.spec import names
-from cni.spec.config import DNS, Model, new, parse
+from cni.spec.config import DNS, Field, Model, parse
 from cni.spec.errors import CNIError, Code
 from cni.spec.version import at_least
 
@@ -45,16 +50,16 @@ class IPAMModel(RangeModel):
     routes: list[RouteModel] | None = None
     dataDir: str = ""
     resolvConf: str = ""
-    ranges: list[list[RangeModel]] = new(list)
+    ranges: list[list[RangeModel]] = Field(default_factory=list)
 
 
 class RuntimeModel(Model):
-    ips: list[str] = new(list)
-    ipRanges: list[list[RangeModel]] = new(list)
+    ips: list[str] = Field(default_factory=list)
+    ipRanges: list[list[RangeModel]] = Field(default_factory=list)
 
 
 class CNIArgsModel(Model):
-    ips: list[str] = new(list)
+    ips: list[str] = Field(default_factory=list)
 
 
 class ArgsModel(Model):
@@ -65,7 +70,7 @@ class NetModel(Model):
     cniVersion: str = ""
     name: str = ""
     ipam: IPAMModel | None = None
-    runtimeConfig: RuntimeModel = new(RuntimeModel)
+    runtimeConfig: RuntimeModel = Field(default_factory=RuntimeModel)
     args: ArgsModel | None = None
 
 
@@ -77,39 +82,36 @@ def bad(key: str, value: Any, why: str, prefix: str = "") -> CNIError:
 
 
 class Range(NamedTuple):
-    """One range of a set: addresses as integers, bounds inclusive (the reference's Range)."""
+    """One range of a set (the reference's Range): its subnet, the pool it allocates from
+    (rangeStart..rangeEnd, inclusive, inside the subnet) and the gateway it never hands out."""
 
-    version: int
-    network: ipaddress.IPv4Network | ipaddress.IPv6Network
-    start: int
-    end: int
-    gateway: int
-
-    def contains(self, version: int, value: int) -> bool:
-        return (version == self.version and self.start <= value <= self.end
-                and self.net_first <= value <= self.net_last)
+    network: IPNetwork
+    pool: IPRange
+    gateway: IPAddress
 
     @property
-    def net_first(self) -> int:
-        return int(self.network.network_address)
+    def version(self) -> int:
+        return self.network.version
 
-    @property
-    def net_last(self) -> int:
-        return int(self.network.broadcast_address)
-
-    def ip(self, value: int) -> str:
-        return str(ipaddress.ip_address(value) if self.version == 4
-                   else ipaddress.IPv6Address(value))
+    def ip(self, addr: IPAddress) -> str:
+        return text(addr)
 
     def overlaps(self, other: Range) -> bool:
-        if self.version != other.version:
-            return False
-        return (self.contains(other.version, other.start) or self.contains(other.version, other.end)
-                or other.contains(self.version, self.start)
-                or other.contains(self.version, self.end))
+        """The pools share an address (the reference's Range.Overlaps: an end of one inside
+        the other)."""
+        return (self.version == other.version and self.pool.first <= other.pool.last
+                and other.pool.first <= self.pool.last)
 
     def __str__(self) -> str:
-        return f"{self.ip(self.start)}-{self.ip(self.end)}"
+        return f"{text(self.pool.first, self.version)}-{text(self.pool.last, self.version)}"
+
+
+def text(addr: IPAddress | int, version: int | None = None) -> str:
+    """An address as the reference writes it (the store's file names, results, errors): the
+    stdlib's RFC 5952 text, which is Go's; netaddr prints ::/96 addresses as ::a.b.c.d."""
+    if isinstance(addr, IPAddress):
+        addr, version = int(addr), addr.version
+    return str(ipaddress.IPv4Address(addr) if version == 4 else ipaddress.IPv6Address(addr))
 
 
 class RangeSet(list[Range]):
@@ -119,12 +121,18 @@ class RangeSet(list[Range]):
     def version(self) -> int:
         return self[0].version
 
-    def range_for(self, addr: Address) -> Range | None:
-        value = int(addr)
-        return next((r for r in self if r.contains(addr.version, value)), None)
+    @cached_property
+    def addresses(self) -> IPSet:
+        """Every address the set may hand out (gateways included, as the reference's overlap
+        check counts them)."""
+        return IPSet(r.pool for r in self)
+
+    def range_for(self, addr: Address | IPAddress) -> Range | None:
+        ip = addr if isinstance(addr, IPAddress) else IPAddress(int(addr), addr.version)
+        return next((r for r in self if ip in r.pool), None)
 
     def overlaps(self, other: RangeSet) -> bool:
-        return any(a.overlaps(b) for a in self for b in other)
+        return self.version == other.version and not self.addresses.isdisjoint(other.addresses)
 
     def __str__(self) -> str:
         return ",".join(str(r) for r in self)
@@ -250,23 +258,24 @@ def _range(m: RangeModel, key: str, prefix: str) -> Range:
         raise bad(f"{key}.subnet", m.subnet,
                   f"network has host bits set; for a subnet mask of length {network.prefixlen} "
                   f"the network address is {network.network_address}", prefix)
-    first = int(network.network_address)
-    last = int(network.broadcast_address) - (1 if iface.version == 4 else 0)
+    net = IPNetwork((int(network.network_address), network.prefixlen), network.version)
+    # The pool's defaults: the network address and (IPv4) the broadcast address are not handed
+    # out; the gateway defaults to the first host.
+    first_host = IPAddress(net.first + 1, net.version)
+    last_host = IPAddress(net.last - (1 if net.version == 4 else 0), net.version)
     gateway = _member(m.gateway, f"{key}.gateway", iface.version, None, prefix)
     start = _member(m.rangeStart, f"{key}.rangeStart", iface.version, network, prefix)
     end = _member(m.rangeEnd, f"{key}.rangeEnd", iface.version, network, prefix)
-    start = first + 1 if start is None else start
+    start = first_host if start is None else start
     if end is not None and end < start:
-        raise bad(f"{key}.rangeEnd", m.rangeEnd,
-                  f"before rangeStart {network.network_address.__class__(start)}", prefix)
-    return Range(version=iface.version, network=network, start=start,
-                 end=last if end is None else end,
-                 gateway=first + 1 if gateway is None else gateway)
+        raise bad(f"{key}.rangeEnd", m.rangeEnd, f"before rangeStart {text(start)}", prefix)
+    return Range(network=net, pool=IPRange(start, last_host if end is None else end),
+                 gateway=first_host if gateway is None else gateway)
 
 
 def _member(value: str | None, key: str, version: int,
             network: ipaddress.IPv4Network | ipaddress.IPv6Network | None,
-            prefix: str) -> int | None:
+            prefix: str) -> IPAddress | None:
     """An address of the range's family (and, for start/end, inside its network)."""
     if value is None:
         return None
@@ -278,7 +287,7 @@ def _member(value: str | None, key: str, version: int,
         raise bad(key, value, f"not an IPv{version} address", prefix)
     if network is not None and addr not in network:
         raise bad(key, value, f"not in network {network}", prefix)
-    return int(addr)
+    return IPAddress(int(addr), version)
 
 
 def _check_counts(ranges: list[tuple[RangeSet, str]], version: str) -> None:
@@ -353,5 +362,5 @@ def parse_resolv_conf(path: str) -> dict[str, Any]:
             dns.search += fields[1:]
         elif fields[0] == "options":
             dns.options += fields[1:]
-    return {k: v for k, v in dns.dump().items()
+    return {k: v for k, v in dns.model_dump().items()
             if v and k in ("nameservers", "domain", "search", "options")}

@@ -39,8 +39,9 @@ def delete(req: Request, ipam_type: str) -> None:
     _invoke(req, ipam_type, "DEL")
 
 
-def gc(req: Request, ipam_type: str) -> None:
-    _invoke(req, ipam_type, "GC")
+def gc(req: Request, ipam_type: str) -> int:
+    """-> objects our in-process IPAM's GC removed (0 for an exec'd one: it does not say)."""
+    return _invoke(req, ipam_type, "GC", removed=True) or 0
 
 
 def status(req: Request, ipam_type: str) -> None:
@@ -75,7 +76,7 @@ def is_ours(executable: str) -> bool:
         return False
 
 
-def _invoke(req: Request, ipam_type: str, command: str) -> Result | None:
+def _invoke(req: Request, ipam_type: str, command: str, removed: bool = False) -> Any:
     executable = find(ipam_type, req.path)
     env = {**req.env, "CNI_COMMAND": command}
     if is_ours(executable):
@@ -83,6 +84,8 @@ def _invoke(req: Request, ipam_type: str, command: str) -> Result | None:
         _log(req, reply.stderr.decode("utf-8", "replace"))
         if reply.code != 0:
             raise invoke.plugin_error(reply.code, reply.stdout, reply.stderr)
+        if removed:
+            return reply.removed
         stdout = reply.stdout
     else:
         logged = io.StringIO()  # the plugin's stderr joins ours (skel.run prints nothing)

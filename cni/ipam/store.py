@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import ipaddress
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 from cni.spec import names
 from cni.spec.errors import CNIError, Code
@@ -39,6 +41,28 @@ def is_special(name: str) -> bool:
     return name == LOCK or name.startswith(LAST_IP_PREFIX)
 
 
+class Reservation(NamedTuple):
+    """One reserved IP and its holder; ifname "" in an id-only file (old versions)."""
+
+    ip: str
+    container_id: str
+    ifname: str
+
+
+def reservations(entries: Iterable[tuple[str, str]]) -> list[Reservation]:
+    """The reservations among a store's entries (file names that are IPs): what GC judges and
+    `pycni attachments` shows."""
+    out = []
+    for name, content in entries:
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            continue
+        cid, _, ifname = content.strip().partition(LINE_BREAK)
+        out.append(Reservation(name, cid, ifname))
+    return out
+
+
 def key(container_id: str, ifname: str) -> str:
     return container_id.strip() + LINE_BREAK + ifname
 
@@ -58,6 +82,21 @@ class Store:
             os.close(self.dir_fd)
             raise
 
+    @classmethod
+    def existing(cls, data_dir: str, network: str) -> Store | None:
+        """The store opened to read only: nothing created, no lock taken (a snapshot); None
+        when it does not exist or is not a plain directory."""
+        if not names.valid_id(network):
+            return None
+        try:
+            dir_fd = os.open(os.path.join(data_dir, network),
+                             os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        store = cls.__new__(cls)
+        store.path, store.dir_fd, store.lock_fd = os.path.join(data_dir, network), dir_fd, -1
+        return store
+
     def __enter__(self) -> Store:
         fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
         return self
@@ -67,6 +106,8 @@ class Store:
 
     def close(self) -> None:
         for fd in (self.lock_fd, self.dir_fd):
+            if fd < 0:
+                continue
             try:
                 os.close(fd)  # closing the lock's fd releases the flock
             except OSError:
@@ -150,11 +191,15 @@ class Store:
         except OSError:
             return None
         try:
-            # Read to the end: a long container ID must still match on DEL, never leak.
-            chunks = []
-            while chunk := os.read(fd, _READ_CHUNK):
+            # Read to the end: a long container ID must still match on DEL, never leak. A
+            # short read of a regular file is its end: one read for a reservation (the scans
+            # of ADD and GC read every file of the store).
+            chunks = [os.read(fd, _READ_CHUNK)]
+            size = len(chunks[0])
+            while len(chunks[-1]) == _READ_CHUNK and (chunk := os.read(fd, _READ_CHUNK)):
                 chunks.append(chunk)
-                if sum(map(len, chunks)) > _MAX_CONTENT:
+                size += len(chunk)
+                if size > _MAX_CONTENT:
                     return None  # not something either implementation writes
         except OSError:  # a directory or something else unreadable: not a reservation
             return None
@@ -186,6 +231,22 @@ class Store:
             if found:
                 return found
         return []
+
+    def holds(self, container_id: str, ifname: str, ips: list[str]) -> bool:
+        """Whether each of these IPs' files names the attachment: reading them alone, not the
+        whole store (which holds one file per pod on the node). False for an empty list."""
+        want = key(container_id, ifname)
+        return bool(ips) and all(not is_special(ip) and "/" not in ip
+                                 and (self.read(ip) or "").strip() == want for ip in ips)
+
+    def release_known(self, container_id: str, ifname: str, ips: list[str]) -> bool:
+        """Release the attachment when the caller knows its IPs (the previous result) and each
+        file names it; False (nothing done) otherwise, for `release` to look everywhere."""
+        if not self.holds(container_id, ifname, ips):
+            return False
+        for ip in ips:
+            self._unlink(ip)
+        return True
 
     def release(self, container_id: str, ifname: str) -> list[str]:
         """The reference's ReleaseByID: remove the attachment's files; only if there are none,

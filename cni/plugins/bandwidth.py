@@ -220,7 +220,7 @@ def _empty(req: Request) -> Result:
 
 def _apply(req: Request, veth, ingress, egress, result: Result) -> None:
     """Create the qdiscs and the ifb; on any failure undo exactly what this call made."""
-    from pyroute2.netlink.exceptions import NetlinkError
+    from pyroute2 import NetlinkError
 
     from cni.host import ifb, tc
 
@@ -320,20 +320,23 @@ def _compare(dev: str, found, want) -> None:
                            f"tbf {field} on {dev} is {got}, config wants {expected}")
 
 
-def gc(req: Request) -> None:
-    """Remove our ifbs (of this network) whose container is not among the valid attachments."""
+def gc(req: Request) -> int:
+    """Remove our ifbs (of this network) whose container is not among the valid attachments;
+    -> how many."""
     from cni.host import ifb
 
     valid = valid_attachments(req.config)
     if valid is None:  # libcni's GC without args: stale and live look alike
         req.log("GC without cni.dev/valid-attachments: no ifb removed")
-        return
+        return 0
     keep = {cid for cid, _ in valid}
+    removed = 0
     with netns.iproute() as ipr:
         for dev in ifb.marked(ipr):
             if dev.network == req.network and dev.container_id not in keep:
                 req.log(f"gc: removing {dev.name} of container {dev.container_id}")
-                ifb.delete(ipr, dev.name)
+                removed += ifb.delete(ipr, dev.name)
+    return removed
 
 
 def status(req: Request) -> None:

@@ -27,7 +27,7 @@ from cni.ipam import delegate as ipam
 from cni.plugins.undo import Undo
 from cni.skel import Request, valid_attachments
 from cni.spec import keys, names
-from cni.spec.config import Model, PluginConf, StrictBool, StrictInt, StrictStr, new, parse
+from cni.spec.config import Field, Model, PluginConf, StrictBool, StrictInt, StrictStr, parse
 from cni.spec.errors import CNIError, Code, invalid_config, unsupported
 from cni.spec.result import Result
 
@@ -61,7 +61,7 @@ class NetConf(PluginConf):
     portIsolation: Bool = False
     # Derived by load(), not config keys.
     mac: str = ""
-    vlans: list[int] = new(list)
+    vlans: list[int] = Field(default_factory=list)
 
     @property
     def ipam_type(self) -> str:
@@ -109,7 +109,7 @@ def collect_vlan_trunk(trunks: list[VlanTrunk] | None) -> list[int]:
                     raise invalid_config(f"vlanTrunk[{i}].{key}", value,
                                          f"incorrect trunk {key} parameter")
             if item.maxID < item.minID:
-                raise invalid_config(f"vlanTrunk[{i}]", item.dump(exclude_none=True),
+                raise invalid_config(f"vlanTrunk[{i}]", item.model_dump(exclude_none=True),
                                      "minID is greater than maxID in trunk parameter")
             vids.update(range(item.minID, item.maxID + 1))
         if item.id is not None:
@@ -180,12 +180,13 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
     br = bridge.ensure(conf.bridge, conf.mtu, conf.promiscMode,
                        vlan_filtering=bool(conf.vlan or conf.vlanTrunk is not None))
 
-    pair = veth.create(req.netns_target, req.ifname, conf.mtu, conf.mac)
+    pair = veth.create(req.netns_target, req.ifname, conf.mtu, conf.mac, master=br.index)
     undo.push("veth", lambda: veth.delete_host_end(pair.host.name))
-    bridge.attach(pair.host.name, br, conf.hairpinMode, conf.portIsolation)
+    bridge.attach(pair.host.name, br, conf.hairpinMode, conf.portIsolation, pair.host.index,
+                  enslaved=True)
     # Pinned once it has a port: pinned before, the kernel leaves it in operstate UNKNOWN with
     # bridge id 0 (the reference's bridge is UP).
-    bridge.pin_mac(br)
+    bridge_mac = bridge.pin_mac(br)
     bridge.set_vlans(pair.host.name, conf.vlan, conf.vlans, conf.preserveDefaultVlan)
 
     if conf.macspoofchk:
@@ -217,7 +218,8 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
         with netns.entered(req.netns_target):
             addrs.set_dad(req.ifname, conf.enabledad)
             addrs.set_arp_notify(req.ifname)
-            addrs.configure_iface(req.ifname, result["ips"], result["routes"])
+            addrs.configure_iface(req.ifname, result["ips"], result["routes"],
+                                  pair.container.index)
 
         if conf.isGateway:
             setup_gateways(conf, br, gateways, result)
@@ -236,12 +238,13 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
     else:
         with netns.iproute() as ipr:
             host = links.get(ipr, pair.host.name) or pair.host
-    # The host end's MAC and the bridge's can change as the port comes up: report them now.
+    # The host end's MAC can change as the port comes up: report it now. The bridge's is
+    # pinned (pin_mac), what it is now.
     result["interfaces"][1]["mac"] = host.mac
-    result["interfaces"][0]["mac"] = bridge.lookup(br.name).mac
+    result["interfaces"][0]["mac"] = bridge_mac
 
-    if conf.dns is not None and any(conf.dns.dump().values()):
-        result["dns"] = conf.dns.dump(exclude_defaults=True)
+    if conf.dns is not None and any(conf.dns.model_dump().values()):
+        result["dns"] = conf.dns.model_dump(exclude_defaults=True)
     return result
 
 
@@ -285,11 +288,11 @@ def setup_gateways(conf: NetConf, br: links.Link, gateways: dict[int, list[str]]
                                                                  conf.preserveDefaultVlan)
                     result["interfaces"].append({"name": vlan_iface.name,
                                                  "mac": vlan_iface.mac})
-                target = vlan_iface.name
+                target, index = vlan_iface.name, vlan_iface.index
             else:
-                target = br.name
+                target, index = br.name, br.index
             try:
-                addrs.ensure_gateway(target, gw, conf.forceAddress)
+                addrs.ensure_gateway(target, gw, conf.forceAddress, index)
             except HostError as e:
                 what = "vlan interface for bridge with addr" if conf.vlan else "bridge addr"
                 raise HostError(f"failed to set {what}: {e}") from None
@@ -321,15 +324,18 @@ def delete(req: Request) -> None:
     _teardown(conf.ipMasq, lambda: masq.teardown(conf.name, req.ifname, req.container_id), req)
 
 
-def _teardown(enabled: bool, fn: Callable[[], Any], req: Request) -> None:
+def _teardown(enabled: bool, fn: Callable[[], Any], req: Request) -> int:
+    """fn's count of what it removed (0 when it says nothing or nftables is not there)."""
     from cni.host.nft import NftError
 
     try:
-        fn()
+        done = fn()
     except NftError as e:
         if enabled:
             raise CNIError(Code.INTERNAL, str(e)) from None
         req.log(f"skipped nftables cleanup: {e}")
+        return 0
+    return done if isinstance(done, int) and not isinstance(done, bool) else 0
 
 
 # --- CHECK ----------------------------------------------------------------------------------
@@ -400,16 +406,20 @@ def check_bridge(conf: NetConf, entry: dict) -> links.Link:
 
 # --- GC / STATUS ----------------------------------------------------------------------------
 
-def gc(req: Request) -> None:
+def gc(req: Request) -> int:
+    """-> how many objects it removed (rules, spoof checks, reservations)."""
     conf = load(req, strict=False)
     valid = valid_attachments(req.config)
+    removed = 0
     if valid is None:  # libcni's GC without args: stale and live look alike, remove nothing
         req.log("GC without cni.dev/valid-attachments: no nftables rule removed")
     else:
-        _teardown(conf.ipMasq, lambda: masq.gc(conf.name, valid), req)
-        _teardown(conf.macspoofchk, lambda: spoofchk.gc(conf.name, valid, links.names()), req)
+        removed += _teardown(conf.ipMasq, lambda: masq.gc(conf.name, valid), req)
+        removed += _teardown(conf.macspoofchk,
+                             lambda: spoofchk.gc(conf.name, valid, links.names()), req)
     if conf.ipam_type:
-        ipam.gc(req, conf.ipam_type)
+        removed += ipam.gc(req, conf.ipam_type)
+    return removed
 
 
 def status(req: Request) -> None:

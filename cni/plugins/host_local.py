@@ -10,7 +10,7 @@ import os
 
 from cni.ipam import config as ipam_config
 from cni.ipam.allocator import Address, Allocator, parse_ip
-from cni.ipam.store import Store, StoreError, is_special
+from cni.ipam.store import Store, StoreError, reservations
 from cni.skel import Request, valid_attachments
 from cni.spec import names
 from cni.spec.errors import CNIError, Code
@@ -68,8 +68,10 @@ def _owned(store: Store, conf: ipam_config.IPAMConfig, cid: str, ifname: str) ->
 def delete(req: Request) -> None:
     _validate(req)
     conf = _load(req)
+    known = [str(ip) for ip in _prev_ips(req, conf)]
     with Store(conf.data_dir, conf.name) as store:
-        store.release(req.container_id, req.ifname)
+        if not store.release_known(req.container_id, req.ifname, known):
+            store.release(req.container_id, req.ifname)
 
 
 def check(req: Request) -> None:
@@ -77,13 +79,16 @@ def check(req: Request) -> None:
     previous result lists is still reserved for it."""
     _validate(req)
     conf = _load(req)
+    prev = _prev_ips(req, conf)
     with Store(conf.data_dir, conf.name) as store:
+        if store.holds(req.container_id, req.ifname, [str(ip) for ip in prev]):
+            return  # every address of the previous result is the attachment's: no scan
         held = store.find(req.container_id, req.ifname)
     if not held:
         raise CNIError(Code.INTERNAL,
                        f"host-local: Failed to find address added by container {req.container_id}")
     held_ips = {parse_ip(name) for name in held}
-    for ip in _prev_ips(req, conf):
+    for ip in prev:
         if ip not in held_ips:
             raise CNIError(Code.INTERNAL, f"host-local: address {ip} of the previous result is "
                            f"not reserved for {req.container_id}/{req.ifname}")
@@ -98,24 +103,25 @@ def _prev_ips(req: Request, conf: ipam_config.IPAMConfig) -> list[Address]:
     return out
 
 
-def gc(req: Request) -> None:
-    """Release every reservation whose attachment is not in the runtime's valid list."""
+def gc(req: Request) -> int:
+    """Release every reservation whose attachment is not in the runtime's valid list;
+    -> how many."""
     conf = _load(req)
     valid = valid_attachments(req.config)
     if valid is None:  # libcni's GC without args; releasing on a missing list loses live IPs
         req.log("GC without cni.dev/valid-attachments: no reservation released")
-        return
+        return 0
     valid_ids = {cid for cid, _ in valid}
+    removed = 0
     with Store(conf.data_dir, conf.name) as store:
-        for name, content in list(store.entries()):
-            if parse_ip(name) is None or is_special(name):
-                continue
-            cid, sep, ifname = content.strip().partition("\r\n")
+        for name, cid, ifname in reservations(store.entries()):
             # Old id-only files carry no ifname: keep them while the container is valid.
-            keep = (cid, ifname) in valid if sep else cid in valid_ids
+            keep = (cid, ifname) in valid if ifname else cid in valid_ids
             if not keep:
                 req.log(f"gc: releasing {name} held by {cid!r}/{ifname!r}")
                 store.release_ip(name)
+                removed += 1
+    return removed
 
 
 def status(req: Request) -> None:

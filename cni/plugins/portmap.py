@@ -15,11 +15,11 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from cni import skel
-from cni.host import conntrack, hostport, nft
+from cni.host import conntrack, hostport, nft, nftrecord
 from cni.host.hostport import Mapping
 from cni.skel import Request
 from cni.spec import keys
-from cni.spec.config import Bounds, PluginConf, StrictBool, StrictInt, StrictStr, parse
+from cni.spec.config import Field, PluginConf, StrictBool, StrictInt, StrictStr, parse
 from cni.spec.errors import CNIError, Code, invalid_config, unsupported
 from cni.spec.result import Result
 
@@ -31,7 +31,7 @@ class PortMapConf(PluginConf):
     backend: StrictStr = "nftables"
     snat: StrictBool = True
     masqAll: StrictBool = False
-    markMasqBit: Annotated[StrictInt, Bounds(ge=0, le=31)] = DEFAULT_MARK_BIT
+    markMasqBit: Annotated[StrictInt, Field(ge=0, le=31)] = DEFAULT_MARK_BIT
     externalSetMarkChain: StrictStr | None = None
     conditionsV4: list[StrictStr] | None = None
     conditionsV6: list[StrictStr] | None = None
@@ -54,15 +54,32 @@ def add(req: Request) -> Result:
     if rules:
         comment, chain = owner(req), record(req)
         families = {r.family for r in rules}
+        records = {f: hostport.read_record(f, chain) for f in hostport.NFT_FAMILY}
+        # A fresh attachment (no record) or one whose record says where its rules are needs no
+        # listing of the table, once no rule of the pre-v1.9 layout can be there; anything
+        # else lists it.
+        fast = all(rec is None or rec.usable for rec in records.values()) and \
+            all(hostport.without_legacy(f) for f in families)
 
-        def script() -> str:
+        def script(attempt: int) -> str:
+            if fast and attempt == 0:
+                return hostport.add_script(
+                    rules, comment, conditions, conf.snat,
+                    replace=[],
+                    records={f: (chain, ip) for f, ip in ips.items() if f in families},
+                    drop_records={f: [chain] for f, rec in records.items()
+                                  if f not in families and rec is not None},
+                    clean=families) + "".join(hostport.handles_script(f, rec.handles)
+                                              for f, rec in records.items() if rec is not None)
             listings = {f: _listed(f) for f in hostport.NFT_FAMILY}
+            replace = {f: _ours(req, lst) for f, lst in listings.items()}
             return hostport.add_script(
                 rules, comment, conditions, conf.snat,
-                replace=[r for lst in listings.values() for r in _ours(req, lst)],
+                replace=[r for found in replace.values() for r in found],
                 records={f: (chain, ip) for f, ip in ips.items() if f in families},
                 drop_records={f: [chain] for f, lst in listings.items()
-                              if f not in families and chain in lst.chains})
+                              if f not in families and chain in lst.chains},
+                clean={f for f in families if not hostport.has_legacy(listings[f], replace[f])})
 
         _apply(script)
         if conf.snat and 4 in ips:
@@ -76,9 +93,12 @@ def add(req: Request) -> Result:
 def delete(req: Request) -> None:
     parse_config(req, for_del=True)
     chain = record(req)
-    found = _delete_found(lambda lst: (_ours(req, lst),
-                                       [chain] if chain in lst.chains else []))
-    _flush_udp(req, {family: hostport.udp_host_ports(rules) for family, rules in found.items()})
+    udp = _delete_by_record(chain)
+    if udp is None:
+        found = _delete_found(lambda lst: (_ours(req, lst),
+                                           [chain] if chain in lst.chains else []))
+        udp = {family: hostport.udp_host_ports(rules) for family, rules in found.items()}
+    _flush_udp(req, udp)
 
 
 def check(req: Request) -> None:
@@ -91,6 +111,9 @@ def check(req: Request) -> None:
     ips = container_ips(req.prev_result, req.ifname)
     expected = hostport.container_rules(ips, mappings, conf.snat, conf.masqAll)
     for family in ips:
+        mine = [r for r in expected if r.family == family]
+        if _checked_by_record(family, record(req), mine):
+            continue
         listing = _listed(family)
         if not hostport.entry_rules_present(listing.rules):
             raise CNIError(Code.INTERNAL, f"{hostport.NFT_FAMILY[family]} {hostport.TABLE}: "
@@ -102,14 +125,14 @@ def check(req: Request) -> None:
                                f"{rule.text()}")
 
 
-def gc(req: Request) -> None:
+def gc(req: Request) -> int:
     """Remove the rules of this network's attachments that are not in the valid list (found by
     their records, see cni.host.hostport), and legacy rules of the network likewise."""
     parse_config(req, for_del=True)
     valid = skel.valid_attachments(req.config)
     if valid is None:  # libcni's GC without args: stale and live look alike
         req.log("GC without cni.dev/valid-attachments: no rule removed")
-        return
+        return 0
     keep = {hostport.record_chain(cid, req.network, ifname) for cid, ifname in valid}
     legacy_keep = {hostport.legacy_attachment_key(cid, ifname) for cid, ifname in valid}
 
@@ -123,6 +146,7 @@ def gc(req: Request) -> None:
 
     found = _delete_found(stale)
     _flush_udp(req, {family: hostport.udp_host_ports(rules) for family, rules in found.items()})
+    return sum(len(rules) for rules in found.values())
 
 
 def status(req: Request) -> None:
@@ -258,6 +282,51 @@ def _ours(req: Request, listing: hostport.Listing) -> list[dict[str, Any]]:
             + listing.owned(legacy))
 
 
+def _records(chain: str) -> dict[int, hostport.Record] | None:
+    """The attachment's records, when there is one that says where its rules are, and no
+    record that does not; else None (list the table instead)."""
+    try:
+        found = {f: hostport.read_record(f, chain) for f in hostport.NFT_FAMILY}
+    except nft.NftUnavailable as e:
+        raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
+    records = {f: rec for f, rec in found.items() if rec is not None}
+    if not records or not all(rec.usable for rec in records.values()):
+        return None
+    return records
+
+
+def _delete_by_record(chain: str) -> dict[int, set[int]] | None:
+    """DEL by the record alone: its rules by handle and the record chain, one batch; the UDP
+    hostPorts per family. None when that is not possible (then the caller lists)."""
+    records = _records(chain)
+    if records is None or not all(hostport.without_legacy(f) for f in records):
+        return None
+    script = "".join(hostport.handles_script(f, rec.handles)
+                     + hostport.drop_chains_script(f, [chain]) for f, rec in records.items())
+    try:
+        nft.run(script)
+    except nft.NftError:
+        return None  # a rule is gone already (the reference's DEL, a race): list and retry
+    return {f: rec.udp for f, rec in records.items()}
+
+
+def _checked_by_record(family: int, chain: str, expected: list[hostport.Rule]) -> bool:
+    """Whether the record proves the expected rules are in place: written for exactly these
+    rules, every recorded handle still in its chain (nft's dry run asks the kernel), and the
+    entry chains jumping to hostports_all. False means "list and look" (which names what is
+    missing), never "missing"."""
+    try:
+        rec = hostport.read_record(family, chain)
+        if rec is None or not rec.usable or rec.digest != hostport.rules_digest(expected):
+            return False
+        fam = hostport.NFT_FAMILY[family]
+        entry = [r for c in ("prerouting", "output") for r in nft.rules(fam, hostport.TABLE, c)]
+        return hostport.entry_rules_present(entry) and \
+            nftrecord.present(hostport.NFT_FAMILY[family], hostport.TABLE, rec.handles)
+    except nft.NftUnavailable as e:
+        raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
+
+
 def _delete_found(find: Callable[[hostport.Listing],
                                  tuple[list[dict[str, Any]], list[str]]]
                   ) -> dict[int, list[dict[str, Any]]]:
@@ -265,7 +334,7 @@ def _delete_found(find: Callable[[hostport.Listing],
     (listed afresh on each try), and return the rules (for the UDP conntrack flush)."""
     found: dict[int, list[dict[str, Any]]] = {}
 
-    def script() -> str:
+    def script(_attempt: int) -> str:
         text = ""
         for family in hostport.NFT_FAMILY:
             rules, chains = find(_listed(family))
@@ -278,10 +347,11 @@ def _delete_found(find: Callable[[hostport.Listing],
     return found
 
 
-def _apply(script: Callable[[], str]) -> None:
-    """Run the batch built from a fresh listing; rebuild and retry if it raced another."""
+def _apply(script: Callable[[int], str]) -> None:
+    """Run the batch script(attempt) builds (a retry lists afresh), rebuilt and retried if it
+    raced another."""
     for attempt in range(_RETRIES):
-        text = script()
+        text = script(attempt)
         if not text:
             return
         try:

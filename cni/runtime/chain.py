@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -28,6 +29,7 @@ from cni.spec.version import SUPPORTED, at_least
 
 Result = dict[str, Any]
 VALID_ATTACHMENTS_KEY = "cni.dev/valid-attachments"
+GC_PARALLEL = 4  # stale attachments DELed at once by gc
 
 
 @dataclass
@@ -264,17 +266,22 @@ class Runtime:
         if conf.disable_gc:
             return
         keep = set(valid or [])
-        errors: list[CNIError] = []
-        for att in self.cache.attachments():
-            if att.network != conf.name or (att.container_id, att.ifname) in keep:
-                continue
-            rt = RuntimeConf(att.container_id, att.netns, att.ifname, att.cni_args,
-                             att.capability_args)
+        stale = [RuntimeConf(att.container_id, att.netns, att.ifname, att.cni_args,
+                             att.capability_args) for att in self.cache.attachments()
+                 if att.network == conf.name and (att.container_id, att.ifname) not in keep]
+
+        def delete(rt: RuntimeConf) -> CNIError | None:
             try:
                 self.delete(conf, rt)
             except CNIError as e:
-                errors.append(_wrap(e, f"failed to delete stale attachment "
-                                       f"{rt.container_id} {rt.ifname}"))
+                return _wrap(e, f"failed to delete stale attachment {rt.container_id} "
+                                f"{rt.ifname}")
+            return None
+
+        # A few at a time, as a runtime DELs pods: each attachment is its own (the plugins
+        # lock what they share), and a node's GC after an outage can have many to remove.
+        with ThreadPoolExecutor(max(1, min(GC_PARALLEL, len(stale)))) as pool:
+            errors = [e for e in pool.map(delete, stale) if e is not None]
         try:
             versions = self.plugin_versions(conf)
         except CNIError as e:

@@ -1,0 +1,201 @@
+"""`pycni attachments` against real state: pods added by pycni and by the reference (v1.9.1,
+nftables backends), half-deleted pods, the state a reboot leaves; and that it changes nothing.
+Each row is checked against the kernel and the stores themselves, and GC or DEL must clear
+what it calls an orphan."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from cnitest import BIN, ROOT, Netns, destroy_netns
+
+pytestmark = pytest.mark.root
+REF19 = ROOT.parent / "shared" / "reference" / "bin"
+CAPS = {"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}],
+        "bandwidth": {"ingressRate": 10_000_000, "ingressBurst": 100_000,
+                      "egressRate": 10_000_000, "egressBurst": 100_000}}
+
+
+class Node:
+    """A throwaway node: a host netns, a conflist dir, libcni's cache and a host-local store."""
+
+    def __init__(self, host: Netns, tmp: Path, bin_dir: Path = BIN) -> None:
+        self.host, self.tmp, self.bin_dir = host, tmp, bin_dir
+        self.netconf, self.store = tmp / "net.d", tmp / "ipam"
+        self.cache = tmp / "cache"
+        self.netconf.mkdir(exist_ok=True)
+        (self.netconf / "10-demo.conflist").write_text(json.dumps({
+            "cniVersion": "1.1.0", "name": "demo", "plugins": [
+                {"type": "bridge", "bridge": "demo0", "isGateway": True, "ipMasq": True,
+                 "ipMasqBackend": "nftables", "macspoofchk": True,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.7.0/24"}]],
+                          "dataDir": str(self.store)}},
+                {"type": "portmap", "backend": "nftables",
+                 "capabilities": {"portMappings": True}},
+                {"type": "bandwidth", "capabilities": {"bandwidth": True}}]}))
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {"PATH": os.environ["PATH"], "NETCONFPATH": str(self.netconf),
+                "CNI_PATH": str(self.bin_dir), "PYCNI_CACHE_DIR": str(self.cache),
+                "PYCNI_SOCKET": "/nonexistent/pycni.sock", **extra}
+
+    def pycni(self, *args: str, **extra: str) -> str:
+        out = subprocess.run(["ip", "netns", "exec", self.host.name,
+                              str(ROOT / ".venv/bin/pycni"), *args], env=self.env(**extra),
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out
+        return out.stdout
+
+    def add(self, pod: Netns, cid: str, caps: dict | None = None) -> None:
+        self.pycni("add", "demo", pod.path, CNI_CONTAINERID=cid,
+                   **({"CAP_ARGS": json.dumps(caps)} if caps else {}))
+
+    def rows(self) -> dict[str, dict]:
+        """`pycni attachments --json`, by container ID."""
+        rows = json.loads(self.pycni("attachments", "--json"))
+        assert len({r["containerID"] for r in rows}) == len(rows), rows
+        return {r["containerID"]: r for r in rows}
+
+    def snapshot(self) -> tuple:
+        """Everything attachments reads: it must be the same after it ran."""
+        files = sorted((str(p), p.read_bytes()) for p in self.tmp.rglob("*") if p.is_file())
+        return (self.host.run("nft", "list", "ruleset").stdout,
+                sorted(link["ifname"] for link in self.host.ip("link", "show")), files)
+
+    def masq_sources(self) -> list[str]:
+        return [m["match"]["right"] for r in self.rules("inet", "cni_plugins_masquerade")
+                for m in r["expr"] if "match" in m
+                and m["match"]["left"].get("payload", {}).get("field") == "saddr"]
+
+    def rules(self, family: str, table: str) -> list[dict]:
+        out = self.host.run("nft", "-j", "list", "table", family, table, check=False).stdout
+        return [o["rule"] for o in json.loads(out or '{"nftables": []}')["nftables"]
+                if "rule" in o]
+
+    def hostport_rules(self, cid: str) -> int:
+        return sum(r.get("comment") == cid for r in self.rules("ip", "cni_hostport")
+                   if r["chain"] in ("hostports", "masquerading"))
+
+
+def reserved(node: Node, cid: str) -> list[str]:
+    return sorted(p.name for p in (node.store / "demo").iterdir()
+                  if p.read_bytes().startswith(cid.encode() + b"\r\n"))
+
+
+def test_pycni_pods_live_stale_half_deleted_and_gc_clears_the_orphans(
+        host: Netns, netns_factory, tmp_path: Path) -> None:
+    node = Node(host, tmp_path)
+    web, db, job = (netns_factory("pycni-attpod") for _ in range(3))
+    node.add(web, "web-7f9c2", CAPS)
+    node.add(db, "db-31a0e")
+    node.add(job, "job-11aa", CAPS)
+    before = node.snapshot()
+    rows = node.rows()
+    assert node.snapshot() == before  # read-only
+    links = host.links()
+    for cid in ("web-7f9c2", "db-31a0e", "job-11aa"):
+        row = rows[cid]
+        assert (row["state"], row["missing"], row["cached"]) == ("ok", [], True), row
+        assert row["reservations"] == reserved(node, cid)
+        assert [ip.split("/")[0] for ip in row["ips"]] == row["reservations"]
+        veth = row["hostVeth"]
+        assert veth["present"] and links[veth["name"]]["master"] == "demo0", row
+        assert row["masquerade"] == row["reservations"]
+        assert row["spoofCheck"] == f"cni-br-iface-{cid}-eth0"
+    assert sorted(node.masq_sources()) == sorted(r["masquerade"][0] for r in rows.values())
+    web_row = rows["web-7f9c2"]
+    assert web_row["hostPort"] == {"rules": node.hostport_rules("web-7f9c2"), "records": 1}
+    assert web_row["hostPort"]["rules"] >= 1
+    assert web_row["ifb"]["name"] in links and web_row["ifb"]["qdisc"] == "tbf"
+    assert "tbf" in web_row["hostVeth"]["qdiscs"] and "ingress" in web_row["hostVeth"]["qdiscs"]
+    assert rows["db-31a0e"]["hostPort"] is None and rows["db-31a0e"]["ifb"] is None
+
+    # A live pod missing a piece: its reservation file removed behind its back.
+    (node.store / "demo" / rows["db-31a0e"]["reservations"][0]).unlink()
+    # Half-deleted: web's netns gone (the kernel takes its veth), its rules, ifb, reservation
+    # and cache left. job's netns gone and its cache entry too: what is left has no owner.
+    destroy_netns(web, host)
+    destroy_netns(job, host)
+    next((node.cache / "results").glob("demo-job-11aa-eth0")).unlink()
+    # A reservation whose pod never reached the cache (nor the kernel).
+    (node.store / "demo" / "10.88.7.50").write_bytes(b"gone-8b1d\r\neth0")
+    rows = node.rows()
+    assert rows["db-31a0e"]["state"] == "incomplete"
+    assert rows["db-31a0e"]["missing"] == ["reservation"]
+    web_row = rows["web-7f9c2"]
+    assert web_row["state"] == "stale" and not web_row["hostVeth"]["present"]
+    assert web_row["masquerade"] and web_row["hostPort"]["rules"] and web_row["ifb"]
+    job_row = rows["job-11aa"]
+    assert (job_row["state"], job_row["cached"]) == ("orphan", False)
+    assert job_row["masquerade"] and job_row["hostPort"]["rules"] and job_row["ifb"] \
+        and job_row["spoofCheck"] and job_row["reservations"], job_row
+    assert rows["gone-8b1d"]["state"] == "orphan"
+    assert rows["gone-8b1d"]["reservations"] == ["10.88.7.50"]
+    table = node.pycni("attachments")
+    assert table.splitlines()[0].split() == ["NETWORK", "CONTAINER", "IF", "STATE", "IPS",
+                                             "OWNS", "MISSING"]
+    assert sum(" stale " in line for line in table.splitlines()) == 1
+
+    # GC with the live pod as the only valid attachment clears every orphan and stale row.
+    node.pycni("gc", "demo", "--valid-attachments",
+               json.dumps([{"containerID": "db-31a0e", "ifname": "eth0"}]))
+    rows = node.rows()
+    assert set(rows) == {"db-31a0e"}, rows
+    assert node.hostport_rules("web-7f9c2") == node.hostport_rules("job-11aa") == 0
+    assert sorted(node.masq_sources()) == rows["db-31a0e"]["masquerade"]
+
+
+@pytest.mark.skipif(not (REF19 / "bridge").exists(), reason="no v1.9.1 reference binaries")
+def test_reference_pods_and_a_half_deleted_one(host: Netns, netns_factory,
+                                               tmp_path: Path) -> None:
+    node = Node(host, tmp_path, bin_dir=REF19)
+    web, db = netns_factory("pycni-attpod"), netns_factory("pycni-attpod")
+    node.add(web, "refweb-1", CAPS)
+    node.add(db, "refdb-2")
+    rows = node.rows()
+    links = host.links()
+    for cid in ("refweb-1", "refdb-2"):
+        row = rows[cid]
+        assert (row["state"], row["missing"]) == ("ok", []), row
+        assert row["reservations"] == reserved(node, cid) != []
+        assert links[row["hostVeth"]["name"]]["master"] == "demo0"
+        assert row["masquerade"] == row["reservations"]
+        assert row["spoofCheck"] == f"cni-br-iface-{cid}-eth0"
+    # The reference writes no record chain: its rules are found by their comment.
+    assert rows["refweb-1"]["hostPort"] == {"rules": node.hostport_rules("refweb-1"),
+                                            "records": 0}
+    assert rows["refweb-1"]["ifb"]["name"] in links  # no alias: found by the reference's name
+    # Half-deleted the other way: the reservation removed, the veth left.
+    for ip in reserved(node, "refdb-2"):
+        (node.store / "demo" / ip).unlink()
+    assert node.rows()["refdb-2"]["missing"] == ["reservation"]
+    # pycni's DEL of the reference's pod clears everything it owns.
+    node.pycni("del", "demo", web.path, CNI_CONTAINERID="refweb-1", CNI_PATH=str(BIN))
+    assert "refweb-1" not in node.rows()
+    assert node.hostport_rules("refweb-1") == 0
+
+
+def test_the_state_a_reboot_leaves(host: Netns, netns_factory, tmp_path: Path) -> None:
+    """Cache and reservations on disk, no kernel object: a fresh host netns, pods' netns gone."""
+    node = Node(host, tmp_path)
+    pods = [netns_factory("pycni-attpod") for _ in range(2)]
+    for i, pod in enumerate(pods):
+        node.add(pod, f"boot-{i}", CAPS)
+    for pod in pods:
+        subprocess.run(["ip", "netns", "del", pod.name], check=True)
+    rebooted = Node(netns_factory("pycni-host"), tmp_path)  # same disk, empty kernel
+    rows = rebooted.rows()
+    assert set(rows) == {"boot-0", "boot-1"}
+    for cid, row in rows.items():
+        assert row["state"] == "stale", row
+        assert row["owns"] == ["cache", *(f"ip:{ip}" for ip in reserved(node, cid))]
+        assert not row["hostVeth"]["present"] and not row["masquerade"] and not row["ifb"]
+    # GC with no valid pod (the runtime restarted none of them) clears the disk too.
+    rebooted.pycni("gc", "demo", "--valid-attachments", "[]")
+    assert rebooted.rows() == {}
+    assert sorted(p.name for p in (node.store / "demo").iterdir()) == [
+        "last_reserved_ip.0", "lock"]

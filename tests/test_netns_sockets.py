@@ -1,0 +1,59 @@
+"""netns.iproute()'s sockets: pyroute2 IPRoutes made in the namespace they serve, one per
+namespace per request, and a spare's kept socket for its own namespace (keep_home_socket)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.root
+
+ROOT = Path(__file__).resolve().parent.parent
+
+KEPT = """
+import fcntl, os, sys
+from cni.host import links, netns
+from cni.host.nsfd import setns
+
+host, pod = sys.argv[1], sys.argv[2]
+fd = os.open(host, os.O_RDONLY)
+setns(fd)  # this process "is" a spare forked in the host namespace
+netns.keep_home_socket()
+kept = netns._kept[1]
+
+def ns_of(ipr):  # SIOCGSKNS: the namespace the socket lives in
+    nsfd = fcntl.ioctl(ipr.fileno(), 0x894C)
+    try:
+        return os.fstat(nsfd).st_ino
+    finally:
+        os.close(nsfd)
+
+with netns.shared_sockets():
+    with netns.iproute() as a, netns.iproute(host) as b, netns.iproute(pod) as c:
+        assert a is kept and b is kept, "the kept socket serves its own namespace"
+        assert c is not kept and ns_of(c) == os.stat(pod).st_ino
+        assert links.get(a, "lo") is not None and links.get(c, "lo") is not None
+assert kept.fileno() >= 0 and links.get(kept, "lo") is not None, "kept across requests"
+print("ok")
+"""
+
+
+def test_a_kept_socket_serves_its_namespace_and_outlives_the_request(host, pod) -> None:
+    out = subprocess.run([sys.executable, "-c", KEPT, host.path, pod.path], cwd=ROOT,
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ok"]
+
+
+def test_sockets_live_in_the_namespace_they_are_asked_for(host, pod) -> None:
+    from cni.host import links, netns
+
+    host.run("ip", "link", "add", "nsx0", "type", "veth", "peer", "name", "nsx1")
+    with netns.shared_sockets(), netns.iproute(host.path) as a, \
+            netns.iproute(host.path) as b, netns.iproute(pod.path) as c:
+        assert a is b and a is not c  # one per namespace per request
+        assert links.get(a, "nsx0") is not None
+        assert links.get(c, "nsx0") is None
