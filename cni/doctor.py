@@ -23,7 +23,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from cni import __version__
 from cni import install as inst
+from cni.fast import status
 from cni.fast.protocol import DEFAULT_SOCKET, SOCKET_ENV
 from cni.host import nsfd
 
@@ -269,7 +271,32 @@ def daemon_findings() -> list[Finding]:
                         "restart `pycni daemon` (plugins fall back to in-process meanwhile)")]
     finally:
         s.close()
-    return [Finding(OK, f"daemon socket {path}")]
+    return [Finding(OK, f"daemon socket {path}"), *daemon_status_findings(path)]
+
+
+def daemon_status_findings(path: str) -> list[Finding]:
+    """What the daemon says of itself (status.query): that it answers, its version, spares."""
+    figures = status.query(path)
+    if figures is None:
+        return [Finding(WARN, "daemon answers", f"no status answer on {path} (not running "
+                        "as root, or a daemon older than this pycni)",
+                        "run `pycni doctor` as root; else restart `pycni daemon`")]
+    out = [Finding(OK, "daemon answers", f"pid {figures['pid']}, {figures['answered']} "
+                   f"requests answered, {figures['forked']} forked without a spare")]
+    if figures["version"] == __version__:
+        out.append(Finding(OK, "daemon version", figures["version"]))
+    else:
+        out.append(Finding(WARN, "daemon version", f"{figures['version']}, but pycni here is "
+                           f"{__version__}", "restart `pycni daemon` to run this version"))
+    sp = figures["spares"]
+    detail = (f"{sp['configured']} configured, {sp['warm']} warm, {sp['serving']} serving, "
+              f"{sp['retired']} retired")
+    if sp["configured"] > 0 and sp["warm"] + sp["serving"] == 0:
+        out.append(Finding(WARN, "daemon spares", detail + ": requests fork a child each "
+                           "(slower)", "see the daemon's log for why its spares exit"))
+    else:
+        out.append(Finding(OK, "daemon spares", detail))
+    return out
 
 
 def python_findings() -> list[Finding]:

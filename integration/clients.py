@@ -385,10 +385,20 @@ class PycniDaemon:
 
     @property
     def env(self) -> dict[str, str]:
-        return {"PYCNI_SOCKET": str(self.socket)}
+        """For the runtime's environment (libcni passes it on to the plugins): its requests
+        go through this daemon only, the shims' in-process fallback is off."""
+        return {"PYCNI_SOCKET": str(self.socket), "PYCNI_SHIM_FALLBACK": "0"}
 
     def served(self) -> int:
         return self.log.read_text().count(" served ")
+
+    def answered(self) -> int:
+        """The daemon's own count of the requests it answered (cni.fast.status)."""
+        from cni.fast import status
+
+        figures = status.query(str(self.socket), timeout=30)
+        assert figures is not None, f"the daemon does not answer:\n{self.log.read_text()}"
+        return figures["answered"]
 
     def stop(self) -> None:
         terminate(self.proc, grace=30)

@@ -105,8 +105,9 @@ def test_kubelet_pod_through_containerd_cri(side, conflist, node_netns, oci_imag
         if side == "reference":  # what the leak check looks for after removal
             assert len({m.group(0) for line in firewall(node)
                         if (m := POD_CHAIN.search(line))}) == 2  # CNI-<h>, CNI-DN-<h>
-        if n.daemon:  # the plugins containerd exec'd went through the daemon
+        if n.daemon:  # the plugins containerd exec'd went through the daemon (fallback off)
             assert n.daemon.served() > 0, n.daemon.log.read_text()
+            assert n.daemon.answered() > 0, n.daemon.log.read_text()  # its own count
 
         # ---- what kubelet does to delete it
         n.cri.stop_remove(pod.id, pod.containers)

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from cnitest import Netns, Plugins, can_use_netns, delete_netns, forget_deleted_markers, new_netns
+from rootskips import pytest_runtest_makereport  # noqa: F401 (a hook: root skips fail as root)
 
 # `pycni install` enables systemd units on a systemd host: installs made by tests never do.
 os.environ.setdefault("PYCNI_SYSTEMD", "0")

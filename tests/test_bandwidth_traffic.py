@@ -1,9 +1,11 @@
 """Real traffic under shaping: iperf3 between a pod and the test host namespace.
 
-Ingress (toward the pod) is limited to 10 Mbit/s, egress (from the pod) to 20 Mbit/s; measured
-TCP goodput must land within 15% of each limit, while an unshaped pod wired the same way runs at
-least 10x faster. Runs are short (1 s warm-up omitted + 3 s measured) and bounded by timeouts; a
-measurement outside the bounds is retried once, for busy 2-core machines.
+Ingress (toward the pod) is limited to 10 Mbit/s, egress (from the pod) to 20 Mbit/s. A busy
+2-core box cannot promise a rate, so each test compares within itself: an unshaped pod wired
+the same way, measured in the same test, runs at least 10x faster than the shaped one (the
+shaper, not the box, sets the rate); the shaped rates never exceed their limits (plus a little
+for the burst); and egress runs at twice ingress, as the limits say (a ratio of two rates
+measured alike). Runs are short (1 s warm-up omitted + 3 s measured), bounded by timeouts.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ pytestmark = [pytest.mark.root, pytest.mark.skipif(shutil.which("iperf3") is Non
 
 MBIT = 1_000_000
 INGRESS, EGRESS = 10 * MBIT, 20 * MBIT
-TOLERANCE = 0.15
+CAP_SLACK = 0.10  # above the limit: the burst (80-160 kB) spread over a 3 s run, and rounding
+RATIO = (1.5, 2.5)  # egress / ingress, for limits of 20 and 10 Mbit/s
 
 
 @pytest.fixture
@@ -49,14 +52,19 @@ def measure(pod, server_ip: str, reverse: bool) -> float:
     raise AssertionError(f"iperf3 failed: {proc.stdout[-500:]} {proc.stderr[-500:]}")
 
 
-def within(pod, ip: str, reverse: bool, limit: int) -> float:
-    """A measurement inside limit +-15%, retried once before failing."""
-    got = measure(pod, ip, reverse)
-    if abs(got - limit) > TOLERANCE * limit:
-        got = measure(pod, ip, reverse)
-    print(f"measured {got / MBIT:.2f} Mbit/s for a limit of {limit / MBIT:.0f}")
-    assert abs(got - limit) <= TOLERANCE * limit, f"{got / MBIT:.2f} Mbit/s, limit {limit}"
-    return got
+def assert_shaped(shaped, free) -> None:
+    """Shaped vs unshaped, measured in the same test one after the other."""
+    rates = {"free in": measure(free.pod, free.host_ip, reverse=True),
+             "free out": measure(free.pod, free.host_ip, reverse=False),
+             "in": measure(shaped.pod, shaped.host_ip, reverse=True),
+             "out": measure(shaped.pod, shaped.host_ip, reverse=False)}
+    shown = {k: round(v / MBIT, 2) for k, v in rates.items()}
+    print(f"measured (Mbit/s): {shown}")
+    assert rates["in"] <= INGRESS * (1 + CAP_SLACK), shown
+    assert rates["out"] <= EGRESS * (1 + CAP_SLACK), shown
+    assert rates["free in"] >= 10 * rates["in"], shown
+    assert rates["free out"] >= 10 * rates["out"], shown
+    assert RATIO[0] <= rates["out"] / rates["in"] <= RATIO[1], shown
 
 
 def test_shaped_pod_runs_at_its_limits_and_unshaped_pod_far_faster(
@@ -66,18 +74,16 @@ def test_shaped_pod_runs_at_its_limits_and_unshaped_pod_far_faster(
     cfg = conf(**runtime_bw((INGRESS, 80_000), (EGRESS, 160_000)))
     plugins.ok("bandwidth", "ADD", cfg | {"prevResult": shaped.prev_result()},
                netns=shaped.pod.path)
-
-    ingress = within(shaped.pod, shaped.host_ip, reverse=True, limit=INGRESS)
-    egress = within(shaped.pod, shaped.host_ip, reverse=False, limit=EGRESS)
-    assert measure(free.pod, free.host_ip, reverse=True) >= 10 * ingress
-    assert measure(free.pod, free.host_ip, reverse=False) >= 10 * egress
+    assert_shaped(shaped, free)
 
 
-def test_annotation_limits_shape_real_traffic(plugins, host, pod, iperf_server) -> None:
+def test_annotation_limits_shape_real_traffic(plugins, host, netns_factory,
+                                              iperf_server) -> None:
     """The same limits from pod annotations, with the derived burst (not a 4 Gbit one)."""
-    w = wire(host, pod, 1)
+    shaped = wire(host, netns_factory("pycni-pod"), 1)
+    free = wire(host, netns_factory("pycni-pod"), 2)
     cfg = conf(runtimeConfig={"io.kubernetes.cri.pod-annotations": {
         "kubernetes.io/ingress-bandwidth": "10M", "kubernetes.io/egress-bandwidth": "20M"}})
-    plugins.ok("bandwidth", "ADD", cfg | {"prevResult": w.prev_result()}, netns=pod.path)
-    within(pod, w.host_ip, reverse=True, limit=INGRESS)
-    within(pod, w.host_ip, reverse=False, limit=EGRESS)
+    plugins.ok("bandwidth", "ADD", cfg | {"prevResult": shaped.prev_result()},
+               netns=shaped.pod.path)
+    assert_shaped(shaped, free)

@@ -80,8 +80,17 @@ def test_gc_with_a_bad_list_removes_nothing(plugins, host, netns_factory, tmp_pa
 
 @pytest.mark.root
 def test_status_delegates_to_ipam(plugins, tmp_path) -> None:
+    """STATUS is ready (empty stdout) with a usable store, and is host-local's "store unusable"
+    (50, naming the store) when a file sits where the store must go: bridge asked the IPAM."""
     c = conf(tmp_path, version="1.1.0", ipMasq=True)
-    plugins.ok("bridge", "STATUS", c, container_id="", ifname="", path=ipam_path())
+    assert plugins.ok("bridge", "STATUS", c, container_id="", ifname="",
+                      path=ipam_path()) is None  # ready: nothing on stdout
+    (tmp_path / "blocker").write_text("")
+    c["ipam"]["dataDir"] = str(tmp_path / "blocker" / "ipam")
+    code, out, _ = plugins.exec("bridge", "STATUS", c, container_id="", ifname="",
+                                path=ipam_path())
+    assert code == 1 and out["code"] == 50, out
+    assert "store unusable" in out["msg"] and str(tmp_path / "blocker") in out["msg"], out
 
 
 def test_status_is_50_when_nftables_is_unusable_and_ipmasq_is_set(monkeypatch,

@@ -1,5 +1,10 @@
 """The daemon path: same bytes as in-process, root-only socket, crashes and hangs contained,
-fallback when the daemon is gone. Daemons run in the test's host netns on a tmp socket."""
+fallback when the daemon is gone. Daemons run in the test's host netns on a tmp socket.
+
+Daemon.env forbids the shim's in-process fallback (PYCNI_SHIM_FALLBACK=0): a test that sends
+its requests with it fails when the daemon does not serve them, and wait_served checks the
+daemon's own count of what it answered (status.query). Tests of the fallback itself use
+Daemon.fallback_env."""
 
 from __future__ import annotations
 
@@ -24,9 +29,14 @@ from cnitest import BIN, ROOT, VENV_PY, Netns, Plugins
 from test_shim import EXPENSIVE, assert_stdlib_only
 
 from cni.fast import protocol as proto
+from cni.fast import status
 
 pytestmark = pytest.mark.root
 NO_DAEMON = {"PYCNI_SOCKET": "/nonexistent/pycni.sock"}
+NO_FALLBACK = {proto.FALLBACK_ENV: "0"}
+# Set by test_daemon_path_tests_fail_when_the_daemon_is_gone: start_daemon then kills each
+# daemon it started, so that the tests it runs show they fail without one.
+KILL_ENV = "PYCNI_TEST_KILL_DAEMON"
 LOOPBACK = {"cniVersion": "1.0.0", "name": "lonet", "type": "loopback"}
 
 
@@ -39,15 +49,30 @@ class Daemon:
 
     @property
     def env(self) -> dict[str, str]:
+        """Requests through this daemon only: the shim's fallback is off."""
+        return self.fallback_env | NO_FALLBACK
+
+    @property
+    def fallback_env(self) -> dict[str, str]:
+        """Requests to this daemon, run in-process by the shim if it does not take them."""
         return {"PYCNI_SOCKET": str(self.socket)}
+
+    def status(self) -> dict:
+        figures = status.query(str(self.socket), timeout=30)
+        assert figures is not None, f"the daemon does not answer\n{self.log.read_text()}"
+        return figures
 
     def served(self) -> int:
         """Requests a child ran (the daemon logs each with -v, once the child has exited)."""
         return self.log.read_text().count(" served ")
 
     def wait_served(self, count: int) -> None:
+        """Until `count` requests are served, then: exactly `count`, in the log and in the
+        daemon's own figures (status.query; as long as it runs)."""
         wait_for(lambda: self.served() >= count, f"{count} requests served")
         assert self.served() == count, self.log.read_text()
+        if self.proc.poll() is None:
+            assert self.status()["answered"] == count
 
     def wait_warm(self, spares: list[int] | set[int]) -> None:
         """Until the daemon has each of `spares` warm (the zygote's warm up at idle priority,
@@ -120,6 +145,8 @@ def start_daemon() -> Iterator[Callable[..., Daemon]]:
         wait_for(lambda: "listening" in log.read_text() or proc.poll() is not None,
                  "the daemon to listen")
         assert proc.poll() is None, log.read_text()
+        if os.environ.get(KILL_ENV) == "1":
+            d.kill()
         return d
 
     yield start
@@ -308,6 +335,8 @@ def test_socket_is_private_and_refuses_non_root_peers(host, start_daemon) -> Non
     daemon.socket.chmod(0o666)
     answer = as_nobody(lambda: talk(daemon.socket, loopback_request()))
     assert "serves root only" in refusal(answer)["msg"]
+    answer = as_nobody(lambda: talk(daemon.socket, proto.STATUS_MAGIC))
+    assert "serves root only" in refusal(answer)["msg"]  # its status too
     assert daemon.served() == 0
     assert "refused a connection from" in daemon.log.read_text()
 
@@ -409,8 +438,16 @@ def test_killing_the_daemon_mid_run_then_calls_fall_back(host, pod, plugins, sta
     assert code == 1 and out["code"] == proto.TRY_AGAIN_LATER  # may have run: retry, not rerun
     assert daemon.socket.exists()  # a stale socket: connect is refused
     for command in ("CHECK", "DEL", "ADD", "CHECK"):
-        plugins.ok("loopback", command, LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
+        plugins.ok("loopback", command, LOOPBACK, netns=pod.path, ifname="lo",
+                   env=daemon.fallback_env)
     assert daemon.served() == 1  # the killed one never logged
+    # With the fallback off, the same call is an error naming the socket, and changes nothing.
+    pod.run("ip", "link", "set", "lo", "down")
+    code, out, _ = plugins.exec("loopback", "ADD", LOOPBACK, netns=pod.path, ifname="lo",
+                                env=daemon.env)
+    assert code == 1 and out["code"] == proto.TRY_AGAIN_LATER, out
+    assert str(daemon.socket) in out["msg"] and proto.FALLBACK_ENV in out["msg"]
+    assert "UP" not in pod.links()["lo"]["flags"]
 
 
 def test_sigterm_finishes_running_requests_and_new_ones_run_in_process(
@@ -421,7 +458,8 @@ def test_sigterm_finishes_running_requests_and_new_ones_run_in_process(
     wait_for(lambda: len(daemon.children()) == 1, "the running request's child")
     daemon.proc.send_signal(signal.SIGTERM)
     wait_for(lambda: not daemon.socket.exists(), "the daemon to stop listening")
-    plugins.ok("loopback", "ADD", LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
+    plugins.ok("loopback", "ADD", LOOPBACK, netns=pod.path, ifname="lo",
+               env=daemon.fallback_env)
     assert daemon.proc.poll() is None  # still finishing the running one
     release()
     code, out = finish(running)
@@ -480,7 +518,11 @@ def test_spares_come_from_the_zygote_and_are_the_daemons_children(host, plugins,
     wait_for(lambda: len(daemon.children()) == 1, "the request's child")
     serving = daemon.children()[0]
     assert serving in spares and os.sched_getscheduler(serving) == os.SCHED_OTHER
-    time.sleep(0.5)  # time enough for the zygote to make one, were it asked
+    # Each query is answered in a round of the daemon's loop, which then decides on refills:
+    # the second answer comes after a round that saw the spare serving, and asked for none.
+    daemon.status()
+    figures = daemon.status()["spares"]
+    assert (figures["serving"], figures["warm"], figures["ordered"]) == (1, 1, 0), figures
     assert set(daemon.named("pycni-spare")) == spares - {serving}
     release()
     code, out = finish(hung)
@@ -745,3 +787,83 @@ def test_an_answered_request_frees_its_attachment_before_its_child_exits() -> No
         server.jobs.clear()
         server.busy.clear()
     assert outcome == {DONE: (False, False), "pycni-request": (True, True)}
+
+
+# --- the daemon's own figures (status.query) and pycni doctor's lines -------------------------
+
+def test_status_counts_requests_forks_and_spares(host, pod, plugins, start_daemon) -> None:
+    """A status query is answered by the daemon itself, never run as a plugin: it counts the
+    requests it started and answered, those that forked because no spare was warm, spares."""
+    daemon = start_daemon(host, "--spares", "1")
+    wait_for(lambda: daemon.status()["spares"]["warm"] == 1, "the spare warm")
+    before = daemon.status()
+    assert before["version"] == __import__("cni").__version__
+    assert before["pid"] == daemon.proc.pid
+    assert (before["started"], before["answered"], before["forked"]) == (0, 0, 0)
+    assert before["spares"] == {"configured": 1, "warm": 1, "serving": 0, "retired": 0,
+                                "ordered": 0}
+    for i, command in enumerate(("ADD", "CHECK", "DEL")):
+        plugins.ok("loopback", command, LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
+        daemon.wait_served(i + 1)
+        wait_for(lambda: daemon.status()["spares"]["warm"] == 1, "the spare back")
+    after = daemon.status()
+    assert (after["started"], after["answered"], after["forked"]) == (3, 3, 0)
+    assert daemon.served() == 3  # the queries ran nothing
+    spare = daemon.named("pycni-spare")
+    os.kill(spare[0], signal.SIGKILL)
+    wait_for(lambda: daemon.status()["spares"]["retired"] == 1, "the killed spare counted")
+
+
+def test_status_counts_a_fork_when_no_spare_is_warm(host, pod, plugins, start_daemon) -> None:
+    daemon = start_daemon(host, "--spares", "0")
+    plugins.ok("loopback", "ADD", LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
+    daemon.wait_served(1)
+    figures = daemon.status()
+    assert (figures["started"], figures["answered"], figures["forked"]) == (1, 1, 1)
+    assert figures["spares"]["configured"] == 0
+
+
+def test_status_query_finds_no_daemon_without_crashing(tmp_path) -> None:
+    assert status.query(str(tmp_path / "none.sock")) is None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stale:
+        stale.bind(str(tmp_path / "stale.sock"))  # bound, never listening: refused
+    assert status.query(str(tmp_path / "stale.sock")) is None
+
+
+def test_doctor_prints_the_daemons_answer_version_and_spares(host, start_daemon,
+                                                             monkeypatch) -> None:
+    from cni import doctor
+
+    daemon = start_daemon(host, "--spares", "1")
+    wait_for(lambda: daemon.status()["spares"]["warm"] == 1, "the spare warm")
+    monkeypatch.setenv("PYCNI_SOCKET", str(daemon.socket))
+    found = {f.what: f for f in doctor.daemon_findings()}
+    assert found["daemon answers"].status == doctor.OK
+    assert f"pid {daemon.proc.pid}" in found["daemon answers"].detail
+    assert found["daemon version"].detail == __import__("cni").__version__
+    assert found["daemon spares"].detail == "1 configured, 1 warm, 0 serving, 0 retired"
+    daemon.kill()  # the socket stays, stale: a finding with its fix, no crash
+    found = {f.what: f for f in doctor.daemon_findings()}
+    sock = found[f"daemon socket {daemon.socket}"]
+    assert sock.status == doctor.WARN and "refuses connections" in sock.detail and sock.fix
+    assert "daemon answers" not in found
+    daemon.socket.unlink()
+    found = {f.what: f for f in doctor.daemon_findings()}
+    assert found[f"daemon socket {daemon.socket}"].detail == "configured but missing"
+
+
+def test_daemon_path_tests_fail_when_the_daemon_is_gone() -> None:
+    """The daemon stopped in the middle of a suite: the tests that claim the daemon path must
+    fail (the shim's fallback is off for them), not pass on the in-process run. Runs them in
+    a nested pytest whose start_daemon kills every daemon it has just started."""
+    selected = ["tests/test_own_netns.py::test_own_netns_is_refused_and_nothing_changes"
+                "[ADD-daemon]",
+                "tests/test_own_netns.py::test_override_allows_the_own_netns[1-daemon]",
+                "tests/test_daemon.py::test_the_daemon_acts_in_the_callers_namespace"]
+    ran = subprocess.run([str(VENV_PY), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          *selected], cwd=ROOT, capture_output=True, text=True,
+                         env=os.environ | {KILL_ENV: "1"}, timeout=600)
+    summary = ran.stdout.strip().splitlines()[-1]
+    assert ran.returncode == 1, ran.stdout[-3000:]
+    assert re.fullmatch(r"3 failed in .*", summary), ran.stdout[-3000:]
+    assert f"{proto.FALLBACK_ENV}=0 forbids running it in-process" in ran.stdout

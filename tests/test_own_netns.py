@@ -1,6 +1,7 @@
 """The reference skel's CNI_NETNS_OVERRIDE rule: ADD and DEL refuse (code 8) a CNI_NETNS that is
 the plugin's own network namespace. We refuse before running the plugin, so nothing changes; the
-exec'd path and the daemon's child (which enters the caller's namespace first) answer alike."""
+exec'd path and the daemon's child (which enters the caller's namespace first) answer alike.
+Through the daemon the shim's fallback is off, and the daemon's own count shows it answered."""
 
 from __future__ import annotations
 
@@ -19,18 +20,27 @@ def bridge_conf(tmp_path) -> dict:
                      "dataDir": str(tmp_path / "ipam")}}
 
 
-def daemon_env(via: str, host: Netns, start_daemon) -> dict[str, str]:  # noqa: F811
-    return start_daemon(host).env if via == "daemon" else NO_DAEMON
+class Via:
+    """The env a test's requests go with, and (through the daemon) its proof it served them."""
+
+    def __init__(self, via: str, host: Netns, start_daemon) -> None:  # noqa: F811
+        self.daemon = start_daemon(host) if via == "daemon" else None
+        self.env = self.daemon.env if self.daemon else NO_DAEMON
+
+    def served(self, count: int) -> None:
+        if self.daemon is not None:
+            self.daemon.wait_served(count)
 
 
 @pytest.mark.parametrize("via", ["exec", "daemon"])
 @pytest.mark.parametrize("command", ["ADD", "DEL"])
 def test_own_netns_is_refused_and_nothing_changes(via, command, plugins: Plugins, host: Netns,
                                                   start_daemon, tmp_path) -> None:  # noqa: F811
-    env = daemon_env(via, host, start_daemon)
+    path = Via(via, host, start_daemon)
     links, rules = set(host.links()), host.nft_ruleset()
     code, out, _ = plugins.exec("bridge", command, bridge_conf(tmp_path), netns=host.path,
-                                env=env)
+                                env=path.env)
+    path.served(1)
     assert code == 1, out
     assert out["code"] == 8
     assert out["msg"] == "plugin's netns and netns from CNI_NETNS should not be the same"
@@ -44,12 +54,14 @@ def test_own_netns_is_refused_and_nothing_changes(via, command, plugins: Plugins
 @pytest.mark.parametrize("override", ["1", "true", "TRUE"])
 def test_override_allows_the_own_netns(via, override, plugins: Plugins, host: Netns,
                                        start_daemon) -> None:  # noqa: F811
-    env = daemon_env(via, host, start_daemon) | {"CNI_NETNS_OVERRIDE": override}
+    path = Via(via, host, start_daemon)
+    env = path.env | {"CNI_NETNS_OVERRIDE": override}
     host.run("ip", "link", "set", "lo", "down")
     plugins.ok("loopback", "ADD", LOOPBACK, netns=host.path, ifname="lo", env=env)
     assert "UP" in host.links()["lo"]["flags"]
     plugins.ok("loopback", "DEL", LOOPBACK, netns=host.path, ifname="lo", env=env)
     assert "UP" not in host.links()["lo"]["flags"]
+    path.served(2)
 
 
 def test_other_values_do_not_override(plugins: Plugins, host: Netns) -> None:

@@ -6,6 +6,8 @@ these tests do not depend on the bridge plugin.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from portmap_util import (
     BR,
@@ -22,7 +24,8 @@ from portmap_util import (
     rules_with,
 )
 
-from cni.host import hostport
+from cni import skel
+from cni.host import hostport, nft
 
 pytestmark = pytest.mark.root
 
@@ -425,9 +428,16 @@ def test_rules_of_earlier_releases_are_removed(plugins, node, host, verb) -> Non
     assert rules_with(host, "ctr-z")  # someone else's stay
 
 
-def test_status(plugins) -> None:
+def test_status(plugins, monkeypatch) -> None:
+    """STATUS checks that nftables is usable: ready here; 50 naming nftables when it is not."""
     conf = {"cniVersion": "1.1.0", "name": "pmnet", "type": "portmap"}
-    plugins.ok("portmap", "STATUS", conf)
+    assert plugins.ok("portmap", "STATUS", conf) is None  # ready: nothing on stdout
+    monkeypatch.setattr(nft, "available", lambda: (False, "libnftables is not usable: test"))
+    reply = skel.run("portmap", {"CNI_COMMAND": "STATUS", "CNI_PATH": "/nonexistent"},
+                     json.dumps(conf).encode())
+    out = json.loads(reply.stdout)
+    assert reply.code == 1 and out["code"] == 50, out
+    assert out["msg"] == "portmap: nftables is not usable: libnftables is not usable: test"
 
 
 # --- chaining contract ------------------------------------------------------------------------

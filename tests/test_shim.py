@@ -139,6 +139,28 @@ def test_no_daemon_runs_in_process_with_skels_answer(tmp_path) -> None:
     assert proc.returncode == 1 and json.loads(proc.stdout)["code"] == 4
 
 
+@pytest.mark.parametrize("command", ["ADD", "CHECK", "DEL", "GC", "STATUS"])
+def test_no_daemon_with_the_fallback_off_is_error_11_naming_the_socket(tmp_path,
+                                                                      command) -> None:
+    """PYCNI_SHIM_FALLBACK=0: nothing runs in-process (skel, the plugins are never imported);
+    the answer is 11, try again later (nothing ran: the daemon never ACKed), naming the socket.
+    VERSION is still the shim's own."""
+    sock = tmp_path / "none.sock"
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": "c1", "CNI_NETNS": "",
+           "CNI_IFNAME": "eth0", "CNI_PATH": str(BIN), "PYCNI_SOCKET": str(sock),
+           proto.FALLBACK_ENV: "0"}
+    stdin = b'{"cniVersion":"1.1.0","name":"n","type":"loopback"}'
+    code, out, modules = run_probe(tmp_path, "loopback", env, stdin)
+    err = json.loads(out)
+    assert code == 1 and err["code"] == proto.TRY_AGAIN_LATER, err
+    assert err["cniVersion"] == "1.1.0"
+    assert err["msg"] == (f"no pycni daemon took the request on {sock}, and "
+                          f"{proto.FALLBACK_ENV}=0 forbids running it in-process")
+    assert not {"cni.skel", "cni.plugins.loopback"} & modules
+    code, out, _ = run_probe(tmp_path, "loopback", env | {"CNI_COMMAND": "VERSION"}, stdin)
+    assert code == 0 and json.loads(out)["cniVersion"] == "1.1.0"
+
+
 def test_request_and_reply_round_trip() -> None:
     env = {b"CNI_COMMAND": b"ADD", b"A": b"x=y", b"B": b"\xff"}
     data = proto.encode_request("bridge", proto.encode_env(env), b"{}\n", 0b1011, 0o027)

@@ -4,9 +4,13 @@ runs skel.run, sends the Reply. A child the parent forked for one request then e
 goes back to what it was before the request (back_home) and says it is ready again: a process
 that has run a plugin's path before runs it again without the copy-on-write and first-touch
 page faults a fresh fork pays (bridge CHECK ~4-5 ms in a fresh child, ~1.4 in a used one). It
-serves again only if it is provably back: the same open fds, one thread, no child process, its
-own namespaces, cwd, umask and environment; else, and after MAX_SERVED requests, it exits as a
-one-request child does. It never returns into the parent's loop."""
+goes home whatever the request did (setns to the namespaces it holds fds of: nothing read from
+the caller's /proc decides it), and serves again only if it is provably back: its own
+namespaces (checked after it is home), the same open fds by identity, one thread, no process
+left (a spare is a child subreaper: what a request left is killed and reaped), no module
+imported by the request (from the caller's mount namespace), the same signal handlers and mask,
+cwd, umask and environment; else, and after MAX_SERVED requests, it exits as a one-request child
+does. It never returns into the parent's loop."""
 
 from __future__ import annotations
 
@@ -15,14 +19,17 @@ import logging
 import os
 import signal
 import socket
+import stat
 import struct
 import sys
+import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
 from cni.fast import protocol as proto
 from cni.fast.fds import close_all, fds_from
 from cni.fast.preload import set_environ, warm_requests, warm_up
+from cni.fast.zygote import PR_SET_CHILD_SUBREAPER
 from cni.host import nsfd
 
 log = logging.getLogger("pycni.daemon")
@@ -95,10 +102,18 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None,
         except OSError:
             pass
         set_name(SPARE)  # tells idle spares from running requests in ps
+        # What a request leaves running (a double-forking IPAM plugin) is re-parented to us,
+        # so back_home sees it, kills and reaps it.
+        nsfd.libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         warm_up(netlink=False)
         warm_requests(warm_netns)
         if warm_netns is not None:
             os.close(warm_netns)  # not for the request's child (a plugin may fork)
+        # glibc installs a signal handler of its own (SIGSETXID) at a process's first thread
+        # (a request's linkgone helper): here, so that back_home sees no change from it.
+        helper = threading.Thread(target=int)
+        helper.start()
+        helper.join()
         home = Home.here()  # still idle: it collects garbage
         if os.sched_getscheduler(0) != os.SCHED_OTHER:
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
@@ -180,6 +195,9 @@ def run_request(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes
     return code
 
 
+FdId = tuple[int, int, int]  # what an open fd is: st_dev, st_ino, file type
+
+
 class Home(NamedTuple):
     """A spare between requests: what back_home returns it to and checks."""
 
@@ -188,7 +206,9 @@ class Home(NamedTuple):
     cwd: int
     umask: int
     environ: dict[str, str]
-    fds: frozenset[str]  # every fd it has open, these three included
+    fds: dict[int, FdId]  # every fd it has open, these three included, by identity
+    modules: frozenset[str]
+    signals: dict[str, object]  # handlers, and the kernel's blocked / ignored / caught sets
 
     @classmethod
     def here(cls) -> Home:
@@ -201,34 +221,105 @@ class Home(NamedTuple):
         cwd = os.open(".", flags | os.O_PATH | os.O_DIRECTORY)
         umask = os.umask(0o022)
         os.umask(umask)
-        return cls(net, mnt, cwd, umask, dict(os.environ), open_fds())
+        return cls(net, mnt, cwd, umask, dict(os.environ), open_fds(), frozenset(sys.modules),
+                   signal_state())
 
 
 def back_home(home: Home) -> bool:
-    """After a request's reply: free what it left for after the reply, then be the spare of
-    before it again. False if that cannot be shown (the caller then exits). Runs at SCHED_IDLE
-    where allowed: the caller's next plugin is starting on the same CPUs."""
+    """After a request's reply: free what it left for after the reply, go home and be the spare
+    of before it again. False if that cannot be shown (the caller then exits). Runs at
+    SCHED_IDLE where allowed: the caller's next plugin is starting on the same CPUs."""
     signal.alarm(0)
     idle = _set_policy(os.SCHED_IDLE)
     drop_request_state()
-    if not _threads_done():
+    if not _threads_done():  # (setns into a mount namespace needs this thread alone)
         return _not_back("a thread of the request is still running")
-    if not _no_children():
-        return _not_back("a process the request started is still there")
-    if not is_current(home.mnt, "mnt"):
-        nsfd.setns(home.mnt, nsfd.CLONE_NEWNS)  # before cwd: it moves the cwd to its root
-    if not is_current(home.net, "net"):
-        nsfd.setns(home.net, nsfd.CLONE_NEWNET)
+    # Home first, unconditionally: until then /proc is the caller's, whatever it says.
+    nsfd.setns(home.mnt, nsfd.CLONE_NEWNS)  # before cwd: it moves the cwd to its root
+    nsfd.setns(home.net, nsfd.CLONE_NEWNET)
     os.fchdir(home.cwd)
     os.umask(home.umask)
     set_environ(home.environ)
+    ended = end_descendants()
+    if ended:
+        return _not_back(f"the request left {ended} process(es) (killed and reaped)")
     gc.collect()  # what the request left in reference cycles (collection is off in requests)
-    if not (is_current(home.mnt, "mnt") and is_current(home.net, "net")):
+    if not (same_ns(home.mnt, "mnt") and same_ns(home.net, "net")):
         return _not_back("not back in its own namespaces")
-    left = open_fds() ^ home.fds
+    imported = sorted(set(sys.modules) - home.modules)
+    if imported:
+        return _not_back(f"the request imported {', '.join(imported[:5])}")
+    signals = signal_state()
+    if signals != home.signals:
+        changed = sorted(k for k in signals.keys() | home.signals.keys()
+                         if signals.get(k) != home.signals.get(k))
+        return _not_back("the request changed signal handlers or masks: " + ", ".join(
+            f"{k} {home.signals.get(k)} -> {signals.get(k)}" for k in changed))
+    now = open_fds()
+    left = {fd for fd in now.keys() | home.fds.keys() if now.get(fd) != home.fds.get(fd)}
     if left:
         return _not_back(f"its open fds differ from before the request: {_describe(left)}")
     return not idle or _set_policy(os.SCHED_OTHER)
+
+
+def same_ns(held: int, kind: str) -> bool:
+    """Whether this thread is in the namespace `held` is an fd of: by a fresh open of our own
+    /proc (back_home asks once it is in its own mount namespace), device and inode."""
+    fd = os.open(f"/proc/thread-self/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _identity(os.fstat(fd)) == _identity(os.fstat(held))
+    finally:
+        os.close(fd)
+
+
+def _identity(st: os.stat_result) -> FdId:
+    return st.st_dev, st.st_ino, stat.S_IFMT(st.st_mode)
+
+
+def signal_state() -> dict[str, object]:
+    """Python's handlers and the kernel's view (blocked, ignored, caught: what a C extension or
+    ctypes sigaction changes too), read from our own /proc."""
+    state: dict[str, object] = {
+        signal.Signals(sig).name: signal.getsignal(sig) for sig in signal.valid_signals()
+        if sig not in (signal.SIGKILL, signal.SIGSTOP) and sig in signal.Signals._value2member_map_}
+    with open("/proc/thread-self/status") as f:
+        for line in f:
+            if line.startswith(("SigBlk", "SigIgn", "SigCgt")):
+                key, _, value = line.partition(":")
+                state[key] = value.strip()
+    return state
+
+
+def end_descendants() -> int:
+    """Kill and reap every process the request left: our children, and their orphans, which
+    come to us (a subreaper) as their parents die. -> how many there were."""
+    ended = 0
+    for _ in range(1000):  # each round ends a generation: bounded by a fork bomb's patience
+        kids = _children()
+        if not kids:
+            break
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in kids:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        ended += len(kids)
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            ended += 1  # one that exited between the listing and here
+    except ChildProcessError:
+        pass
+    return ended
+
+
+def _children() -> list[int]:
+    with open("/proc/thread-self/children") as f:
+        return [int(pid) for pid in f.read().split()]
 
 
 def drop_request_state() -> None:
@@ -240,13 +331,13 @@ def drop_request_state() -> None:
         sys.modules["cni.host.conntrack"].close_lingering()
 
 
-def _describe(fds: frozenset[str]) -> str:
-    def what(fd: str) -> str:
+def _describe(fds: set[int]) -> str:
+    def what(fd: int) -> str:
         try:
             return f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}"
         except OSError:
             return f"{fd} (closed since)"
-    return ", ".join(what(fd) for fd in sorted(fds, key=int))
+    return ", ".join(what(fd) for fd in sorted(fds))
 
 
 def _not_back(why: str) -> bool:
@@ -254,9 +345,16 @@ def _not_back(why: str) -> bool:
     return False
 
 
-def open_fds() -> frozenset[str]:
-    """The fds open in this process (the listing's own included: the same one each time)."""
-    return frozenset(os.listdir("/proc/self/fd"))
+def open_fds() -> dict[int, FdId]:
+    """The fds open in this process, each by what it is (the listing's own is closed by the
+    time it would be looked at: left out)."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out[int(name)] = _identity(os.fstat(int(name)))
+        except OSError:
+            continue
+    return out
 
 
 def _threads_done() -> bool:
@@ -270,15 +368,6 @@ def _threads_done() -> bool:
     return threading.active_count() == 1
 
 
-def _no_children() -> bool:
-    """No process the request started is still there (a plugin's exec'd IPAM is waited for)."""
-    try:
-        os.waitpid(-1, os.WNOHANG)  # one running, or a zombie (reaped now): not back
-    except ChildProcessError:
-        return True
-    return False
-
-
 def _set_policy(policy: int) -> bool:
     if os.geteuid() != 0:  # back from SCHED_IDLE needs CAP_SYS_NICE: stay as we are
         return False
@@ -290,12 +379,16 @@ def _set_policy(policy: int) -> bool:
 
 
 def enter_caller(by_role: dict[int, int], env: dict[str, str], umask: int) -> None:
-    """Become the caller: its mount and network namespaces, cwd, environment and umask."""
+    """Become the caller: its mount and network namespaces, cwd, environment and umask. Both
+    namespaces are compared while still in our own mount namespace (its /proc is ours; the
+    caller's may say anything)."""
     mnt = by_role.get(proto.ROLE_CALLER_MNT)
-    if mnt is not None and not is_current(mnt, "mnt"):
-        nsfd.setns(mnt, nsfd.CLONE_NEWNS)
     net = by_role.get(proto.ROLE_CALLER_NET)
-    if net is not None and not is_current(net, "net"):
+    enter_mnt = mnt is not None and not same_ns(mnt, "mnt")
+    enter_net = net is not None and not same_ns(net, "net")
+    if enter_mnt:
+        nsfd.setns(mnt, nsfd.CLONE_NEWNS)
+    if enter_net:
         nsfd.setns(net, nsfd.CLONE_NEWNET)
     cwd = by_role.get(proto.ROLE_CWD)
     if cwd is not None:
@@ -309,10 +402,6 @@ def netns_fd(by_role: dict[int, int]) -> int | None:
     path itself and answers exactly as in-process (the shim does not check, to stay cheap)."""
     fd = by_role.get(proto.ROLE_NETNS)
     return fd if fd is not None and nsfd.is_netns(fd) else None
-
-
-def is_current(fd: int, kind: str) -> bool:
-    return os.fstat(fd).st_ino == os.stat(f"/proc/self/ns/{kind}").st_ino
 
 
 def set_name(name: str) -> None:

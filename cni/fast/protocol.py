@@ -12,6 +12,9 @@ One request per connection, on a unix stream socket:
 The ACK is what makes fallback safe: before it, nothing ran and the shim may run the request
 in-process; after it, the request may have run, so a lost reply is a CNI error (try again later),
 never a second run. A REPLY without an ACK is the daemon refusing the request (not run either).
+
+A status query (status.py) is STATUS_MAGIC alone instead of a request: the daemon answers it
+itself, never with a plugin run, as a REPLY (code 0, its figures as JSON on stdout), no ACK.
 """
 
 
@@ -40,6 +43,7 @@ class Header:
 
 
 MAGIC = b"PYCNI\x01"
+STATUS_MAGIC = b"PYCNI?"  # a status query: the whole of it (same length as MAGIC)
 ACK = b"A"
 REPLY = b"R"
 REQ_HEADER = Header("!IIIBI")
@@ -57,6 +61,9 @@ MAX_FDS = len(ROLES)
 
 DEFAULT_SOCKET = "/run/pycni/pycni.sock"
 SOCKET_ENV = "PYCNI_SOCKET"
+# "0": the shim never runs a request in-process when no daemon takes it, it answers
+# TRY_AGAIN_LATER naming the socket (tests that claim the daemon path; nodes that want to know).
+FALLBACK_ENV = "PYCNI_SHIM_FALLBACK"
 # The daemon refuses bigger requests; skel's own stdin limit (16 MiB) plus room for the env.
 MAX_REQUEST = 17 * 1024 * 1024
 

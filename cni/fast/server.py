@@ -4,6 +4,8 @@ for a child that times out, crashes or loses its caller. See daemon.py for the w
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import selectors
@@ -47,6 +49,17 @@ class Options:
     max_pending: int = 4096  # connections still sending; the oldest go first beyond this
     verbose: bool = False  # log every request served
     metrics_listen: str = ""  # HOST:PORT serving GET /metrics (metrics.py); "" = off
+
+
+@dataclass
+class Counts:
+    """The daemon's own figures since it started: the status query's (status.py), for tests
+    to prove the daemon served (the shim may fall back to in-process) and for metrics."""
+
+    started: int = 0  # requests handed to a child: a warm spare, or one forked for it
+    answered: int = 0  # started requests that got a reply (from their child, or for it)
+    forked: int = 0  # started requests that forked a child of their own (no spare was warm)
+    spares_retired: int = 0  # spares gone: exited (not back, MAX_SERVED), died, or dropped
 
 
 @dataclass
@@ -123,6 +136,7 @@ class Server:
         self.zygote: socket.socket | None = None  # the spare maker's socket (zygote.py)
         self.ordered = 0  # spares asked of the zygote and not received yet
         self.warm_netns: int | None = None  # where spares warm up (preload.private_netns)
+        self.counts = Counts()
         self.metrics = None  # metrics.Metrics when --metrics-listen is set
 
     # The loop ----------------------------------------------------------------------------------
@@ -238,7 +252,12 @@ class Server:
             self._drop(fd)  # gone before sending it all, or too many fds: nothing to run
             return
         p.buf += data
-        if not proto.MAGIC.startswith(bytes(p.buf[:len(proto.MAGIC)])):
+        head = bytes(p.buf[:len(proto.MAGIC)])
+        if head == proto.STATUS_MAGIC:
+            self._answer_status(self._unregister(fd), p.refused or (
+                "a status query carries no fds" if p.fds else ""), p.fds)
+            return
+        if not (proto.MAGIC.startswith(head) or proto.STATUS_MAGIC.startswith(head)):
             self._refuse(self._unregister(fd), "not a pycni request", fds=p.fds)
             return
         if len(p.buf) < proto.REQ_PREFIX:
@@ -265,6 +284,29 @@ class Server:
                                 f"{plugin} {env.get('CNI_COMMAND', '?')} {cid}".rstrip(),
                                 (cid, env.get("CNI_IFNAME", "")) if cid else None,
                                 peer=p.peer))
+
+    def status(self) -> dict:
+        """The figures a status query answers (status.query)."""
+        from cni import __version__
+
+        spares = self.spares.values()
+        return {"version": __version__, "pid": os.getpid(), "started": self.counts.started,
+                "answered": self.counts.answered, "forked": self.counts.forked,
+                "running": len(self.jobs), "queued": len(self.queue),
+                "stopping": self.stopping,
+                "spares": {"configured": self.opts.spares,
+                           "warm": sum(s.ready and not s.serving for s in spares),
+                           "serving": sum(s.serving for s in spares),
+                           "retired": self.counts.spares_retired,
+                           "ordered": self.ordered}}  # asked of the zygote, not yet here
+
+    def _answer_status(self, conn: socket.socket, refused: str, fds: list[int]) -> None:
+        """A status query: answered here, no child, no ACK (root only, as every request)."""
+        if refused:
+            self._refuse(conn, refused, fds=fds)
+            return
+        send_quietly(conn, proto.encode_reply(0, json.dumps(self.status()).encode(), b""))
+        conn.close()
 
     def _unregister(self, fd: int) -> socket.socket:
         p = self.pending.pop(fd)
@@ -326,6 +368,7 @@ class Server:
         for spare in [s for s in self.spares.values() if s.ready]:
             if hand_over(spare.ctl, ready.conn, ready.data, ready.fds):
                 spare.ready, spare.serving = False, True
+                self.counts.started += 1
                 if self.metrics:
                     self.metrics.spare_served.inc()
                 self._started(spare.pid, ready, stdin)
@@ -344,6 +387,8 @@ class Server:
             run_child(ready.conn, plugin, env_block, stdin, roles, umask, ready.fds,
                       self.opts.timeout, self.runner)  # never returns
         own_group(pid)
+        self.counts.started += 1
+        self.counts.forked += 1
         if self.metrics:
             self.metrics.forks.inc()
         self._started(pid, ready, stdin)
@@ -494,6 +539,7 @@ class Server:
         """Forget a spare; with retire, close its ctl too (it exits on that EOF)."""
         if self.spares.pop(spare.ctl.fileno(), None) is not None:
             self.sel.unregister(spare.ctl)
+            self.counts.spares_retired += 1
             if self.metrics:
                 self.metrics.retired.inc()
         if retire:
@@ -535,11 +581,15 @@ class Server:
         adopted), which would stay zombies until some request's child exited."""
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 return
-            if pid == 0:
+            if info is None:
                 return
+            if info.si_pid in self.jobs:  # what its request left in its group goes with it
+                with contextlib.suppress(ProcessLookupError):  # (its zombie holds the id)
+                    os.killpg(info.si_pid, signal.SIGKILL)
+            pid, status = os.waitpid(info.si_pid, 0)
             job = self.jobs.pop(pid, None)
             if job is not None:
                 self._finish(job, os.waitstatus_to_exitcode(status))
@@ -560,6 +610,8 @@ class Server:
     def _finish(self, job: Job, code: int, how: str = "") -> None:
         log.debug("served %s (%s)", job.label, how or f"child exit {code}")
         self._release(job)
+        if code != EXIT_NOT_STARTED and not job.abandoned:
+            self.counts.answered += 1
         if self.metrics:
             self.metrics.finished(job, code)
         if job.watched:

@@ -6,7 +6,8 @@ the daemon path only: VERSION does not import it).
 - DEL with an empty CNI_NETNS of an attachment a DEL already cleaned (cni.deleted): success.
 - ADD/CHECK/DEL/GC/STATUS: sent to the daemon (protocol.py) with the netns fd and the caller's
   namespaces; its reply is relayed as is.
-- Everything else, and any request the daemon never accepted: skel.run in-process, same result.
+- Everything else, and any request the daemon never accepted: skel.run in-process, same result
+  (unless PYCNI_SHIM_FALLBACK=0: then error 11 naming the socket, see no_daemon).
 """
 
 import os
@@ -37,8 +38,10 @@ def main(argv0: str) -> int:
     elif command in DAEMON_COMMANDS and len(stdin) <= MAX_STDIN:
         from cni.fast import protocol as proto  # off VERSION's path: it loads _struct
 
-        reply = call_daemon(plugin, stdin, os.environ.get(proto.SOCKET_ENV) or
-                            proto.DEFAULT_SOCKET)
+        path = os.environ.get(proto.SOCKET_ENV) or proto.DEFAULT_SOCKET
+        reply = call_daemon(plugin, stdin, path)
+        if reply is None and os.environ.get(proto.FALLBACK_ENV) == "0":
+            reply = no_daemon(stdin, path)
     if reply is None:
         reply = in_process(plugin, stdin)
     write(1, reply[0])
@@ -236,6 +239,17 @@ def lost(stdin: bytes, why: str) -> Reply:
     """A request that may have run but whose answer was lost: 11, so the runtime retries."""
     from cni.fast import protocol as proto
 
+    return proto.error_reply(proto.TRY_AGAIN_LATER, why, stdin), b"", 1
+
+
+def no_daemon(stdin: bytes, path: str) -> Reply:
+    """No daemon took the request and the fallback is off: 11 (try again later), because it
+    provably did not run (no ACK) and a daemon that is restarting or socket-activated will
+    take the retry; 5 (I/O) would tell the runtime the failure is final."""
+    from cni.fast import protocol as proto
+
+    why = (f"no pycni daemon took the request on {path}, and {proto.FALLBACK_ENV}=0 forbids "
+           "running it in-process")
     return proto.error_reply(proto.TRY_AGAIN_LATER, why, stdin), b"", 1
 
 

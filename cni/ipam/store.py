@@ -126,28 +126,58 @@ class Store:
 
     def reserve(self, container_id: str, ifname: str, ip: str, range_id: int) -> bool:
         """Create the IP's file exclusively; False if it is taken. Records last_reserved_ip."""
-        try:
-            fd = os.open(ip, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         FILE_MODE, dir_fd=self.dir_fd)
-        except FileExistsError:
-            return False
-        except OSError as e:
-            raise StoreError(Code.IO_FAILURE, f"cannot reserve {self.path}/{ip}: {_why(e)}") \
-                from None
-        try:
+        content = key(container_id, ifname).encode()
+        linked = self._link_filled(ip, content)
+        if linked is not None:
+            if not linked:
+                return False
+        else:
             try:
-                _write_all(fd, key(container_id, ifname).encode())
-            finally:
-                os.close(fd)
-        except OSError as e:
-            self._unlink(ip)
-            raise StoreError(Code.IO_FAILURE, f"cannot write {self.path}/{ip}: {_why(e)}") \
-                from None
+                fd = os.open(ip, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                             os.O_CLOEXEC, FILE_MODE, dir_fd=self.dir_fd)
+            except FileExistsError:
+                return False
+            except OSError as e:
+                raise StoreError(Code.IO_FAILURE, f"cannot reserve {self.path}/{ip}: "
+                                 f"{_why(e)}") from None
+            try:
+                try:
+                    _write_all(fd, content)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                self._unlink(ip)
+                raise StoreError(Code.IO_FAILURE, f"cannot write {self.path}/{ip}: {_why(e)}") \
+                    from None
         try:
             self._write_small(f"{LAST_IP_PREFIX}{range_id}", ip)
         except StoreError:
             self._unlink(ip)
             raise
+        return True
+
+    def _link_filled(self, name: str, content: bytes) -> bool | None:
+        """Create `name` already holding `content`: an unnamed file (O_TMPFILE), written, then
+        linked into place (EEXIST: taken, False). A process killed half-way leaves nothing,
+        where create-then-write (the reference's way) can leave an empty reservation no DEL
+        releases. None: no O_TMPFILE here, or no /proc to link through (create-then-write)."""
+        try:
+            fd = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, FILE_MODE,
+                         dir_fd=self.dir_fd)
+        except OSError:
+            return None
+        try:
+            _write_all(fd, content)
+            os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=self.dir_fd, follow_symlinks=True)
+        except FileExistsError:
+            return False
+        except FileNotFoundError:
+            return None  # no /proc in this mount namespace
+        except OSError as e:
+            raise StoreError(Code.IO_FAILURE, f"cannot reserve {self.path}/{name}: {_why(e)}") \
+                from None
+        finally:
+            os.close(fd)
         return True
 
     def last_reserved(self, range_id: int) -> str | None:

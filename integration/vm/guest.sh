@@ -17,6 +17,16 @@ elapsed() { awk "BEGIN { printf \"%.2f\", $EPOCHREALTIME - $1 }"; }
 # The dead pods' host-local reservations and libcni cache entries (on disk, survive reboots).
 reservations() { ls "/var/lib/cni/networks/$NETWORK" | grep -v -e '^lock$' -e '^last_reserved_ip' || true; }
 cached() { ls /var/lib/cni/results | grep "^$NETWORK-cnitool-" || true; }
+# Requests the daemon says it answered (its own count, through `pycni doctor`'s status query):
+# the plugins fall back to running in-process when no daemon takes a request, so a pod that
+# worked does not show the daemon served it.
+daemon_answered() {
+  local out n
+  out=$(pycni doctor 2>&1 || true)
+  n=$(sed -n 's/^\[ *ok\] daemon answers: pid [0-9]*, \([0-9]*\) requests answered.*/\1/p' <<<"$out")
+  [ -n "$n" ] || die "pycni doctor: no answer from the daemon: $(grep daemon <<<"$out" | tr '\n' ' ')"
+  echo "$n"
+}
 
 case ${1:?step} in
 setup)
@@ -47,7 +57,9 @@ cnitool)
   wait_until 30 "pycni.service started by the socket" service_active
   pid=$(systemctl show -p MainPID --value pycni.service)
   tr '\0' ' ' < "/proc/$pid/cmdline" | grep "pycni daemon" >/dev/null || die "MainPID $pid is not the daemon"
-  echo "ok: socket activation started pycni.service (MainPID $pid)"
+  answered=$(daemon_answered)
+  [ "$answered" -gt 0 ] || die "the daemon answered no request of cnitool's pods"
+  echo "ok: socket activation started pycni.service (MainPID $pid), which answered $answered requests"
   ;;
 cri)
   # containerd's CRI, driven by our CRI client as kubelet does, pycni and the reference as
@@ -141,8 +153,10 @@ after-reboot)
   [ "$(cached | wc -l)" = 0 ] || die "gc left cached results"
   ! nft list ruleset | grep cnitool- >/dev/null || die "nft rules naming a dead pod"
   ! ip -o link show type ifb | grep bwp >/dev/null || die "ifbs left"
-  # New pods work on the rebooted node.
+  # New pods work on the rebooted node, through the daemon.
+  before=$(daemon_answered)
   CNITOOL=$CNITOOL bash "$ROOT/integration/vagrant/cnitool.sh"
+  [ "$(daemon_answered)" -gt "$before" ] || die "the new pods' requests did not reach the daemon"
   echo "ok: first plugin call after boot started pycni.service by the socket (daemon ready" \
     "in ${ready_s}s; that libcni DEL of dead pod 1 took ${del_s}s); CRI StopPodSandbox +" \
     "RemovePodSandbox of the dead CRI pod ${cri_s}s; pycni gc released pods 2, 3 (${gc_s}s);" \

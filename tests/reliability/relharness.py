@@ -328,8 +328,19 @@ class Daemon:
         assert self.proc is not None
         return self.proc.pid  # `ip netns exec` execs python: the same pid
 
-    def env(self) -> dict[str, str]:
-        return {"PYCNI_SOCKET": str(self.socket)}
+    def env(self, fallback: bool = False) -> dict[str, str]:
+        """Requests to this daemon; unless `fallback`, only through it: a shim that finds no
+        daemon answers error 11 instead of running the plugin in-process."""
+        return {"PYCNI_SOCKET": str(self.socket)} | ({} if fallback else
+                                                     {"PYCNI_SHIM_FALLBACK": "0"})
+
+    def status(self) -> dict[str, Any]:
+        """The daemon's own figures (cni.fast.status): what it answered, forked, its spares."""
+        from cni.fast import status
+
+        figures = status.query(str(self.socket), timeout=TIMEOUT)
+        assert figures is not None, f"the daemon does not answer: {self.log.read_text()[-2000:]}"
+        return figures
 
     def stop(self) -> None:
         """SIGKILL the daemon and every child it forked (each runs in its own group)."""
@@ -375,15 +386,78 @@ class KillOutcome:
     landed: bool  # the kill hit a live process before the ADD completed
     code: int | None
     stdout: bytes
+    phase: str = ""  # where a landed kill hit: STARTUP or VERB (what a Phase said just before)
+
+    @property
+    def after_start(self) -> bool:
+        return self.landed and self.phase == VERB
+
+
+STARTUP, VERB = "startup", "verb"  # before the plugin's verb ran, and once it has started
+# Whether a request had started its verb when a kill came, asked just before the kill.
+Phase = Callable[[subprocess.Popen, Sequence[int]], str]
+# Mapped into a plugin process once skel dispatches to a plugin with config models; the others
+# show it by what they open (a netlink socket, the pod's namespace, the IPAM store).
+VERB_MARK = "pydantic_core"
+
+
+def exec_phase(proc: subprocess.Popen, targets: Sequence[int]) -> str:
+    """VERB if a process about to be killed (the session leader when none is named) runs its
+    plugin's verb: it has the config models mapped, or has opened what a verb opens (a socket,
+    a namespace, a file or directory other than the interpreter's own source); interpreter
+    start-up and the shim open none of these."""
+    return VERB if any(_in_verb(pid) for pid in targets or [proc.pid]) else STARTUP
+
+
+def _in_verb(pid: int) -> bool:
+    try:
+        fds = [int(fd) for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if fd > 2 and (link.startswith(("socket:", "net:", "mnt:")) or link.startswith("/")
+                       and not link.startswith((str(BIN), "/dev/"))
+                       and not link.endswith((".py", ".pyc"))):
+            return True
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return VERB_MARK in f.read()
+    except OSError:
+        return False
+
+
+def wait_for_verb(proc: subprocess.Popen, phase: Phase = exec_phase,
+                  limit: float = TIMEOUT) -> float:
+    """For a kill that must land after the verb started: the delay until `phase` says so (or
+    the process ended first); -> the seconds waited."""
+    start = time.monotonic()
+    while proc.poll() is None and phase(proc, []) != VERB:
+        if time.monotonic() - start > limit:
+            break
+        time.sleep(0.001)
+    return time.monotonic() - start
+
+
+def tally_phases(outcomes: Sequence[KillOutcome]) -> dict[str, int]:
+    """Landed kills per phase, for figures: {"startup": n, "verb": n}."""
+    landed = [o for o in outcomes if o.landed]
+    return {STARTUP: sum(o.phase == STARTUP for o in landed),
+            VERB: sum(o.phase == VERB for o in landed)}
 
 
 def kill_after(proc: subprocess.Popen, delay: float,
                targets: Callable[[subprocess.Popen], Sequence[int]] | None = None,
-               stdin: bytes | None = None) -> KillOutcome:
-    """Let proc run for `delay` s, then SIGKILL the chosen pids (default: its whole session).
+               stdin: bytes | None = None, phase: Phase = exec_phase,
+               until_verb: bool = False) -> KillOutcome:
+    """Let proc run for `delay` s (or, with until_verb, until `phase` says its verb started),
+    then SIGKILL the chosen pids (default: its whole session).
 
     `landed` is whether something was still running and got killed: a kill that comes after
-    the ADD finished tests nothing and is counted apart.
+    the ADD finished tests nothing and is counted apart; `phase` where it landed.
     """
     if stdin is not None and proc.stdin is not None:
         try:
@@ -392,26 +466,44 @@ def kill_after(proc: subprocess.Popen, delay: float,
         except BrokenPipeError:
             pass
         proc.stdin = None  # communicate() below must not flush it again
+    stopped = False
+    if until_verb:  # then the session is stopped (SIGSTOP) as it is seen in the verb: the kill
+        wait_for_verb(proc, phase)  # lands there, however short the verb
+        stopped = proc.poll() is None and phase(proc, []) == VERB and _signal_group(
+            proc.pid, signal.SIGSTOP)
     deadline = time.monotonic() + delay
     while time.monotonic() < deadline and proc.poll() is None:
         time.sleep(min(0.005, max(0.0, deadline - time.monotonic())))
     landed = False
+    where = ""
     if proc.poll() is None:
-        if targets is None:
+        chosen = None if targets is None else targets(proc)
+        where = phase(proc, chosen or [])
+        if chosen is None:
             landed = _killpg(proc.pid)
         else:
-            for pid in targets(proc):
+            for pid in chosen:
                 try:
                     os.kill(pid, signal.SIGKILL)
                     landed = True
                 except ProcessLookupError:
                     pass
+    if stopped:
+        _signal_group(proc.pid, signal.SIGCONT)  # what was not killed goes on
     try:
         out, _ = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         _killpg(proc.pid)
         out, _ = proc.communicate(timeout=TIMEOUT)
-    return KillOutcome(landed=landed, code=proc.returncode, stdout=out or b"")
+    return KillOutcome(landed=landed, code=proc.returncode, stdout=out or b"", phase=where)
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def _killpg(pid: int) -> bool:

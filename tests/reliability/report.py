@@ -41,6 +41,8 @@ def summarise(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for name in SUMMED:
             if isinstance(line.get(name), int):
                 row[name] += line[name]
+        if isinstance(line.get("landed_by_phase"), dict):  # kills that hit a started verb
+            row["landed_in_verb"] += line["landed_by_phase"].get("verb", 0)
     return list(rows.values())
 
 
@@ -50,6 +52,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in sorted(rows, key=lambda r: (r["long"], r["test"])):
         tried = next((f"{r[n]} {n}" for n in TRIED if r.get(n)), "")
         landed = r.get("landed_mid_add", "") if "landed_mid_add" in r else ""
+        if "landed_in_verb" in r:
+            landed = f"{landed} ({r['landed_in_verb']} in the verb)"
         bad = r.get("leaks", 0) + r.get("problems", 0) + r.get("duplicates", 0)
         out.append(f"| {r['test']} | {'yes' if r['long'] else 'no'} | {r['runs']} | {tried} | "
                    f"{landed} | {r.get('failures', 0)} | {bad} | {r['first']} .. {r['last']} |")

@@ -99,8 +99,9 @@ def churn_runtime(request, host: Netns, runtime: Runtime, tmp_path: Path) -> Ite
     if request.param == "daemon":
         need(DAEMON_MODULE)
         d = Daemon(host, tmp_path / "run" / "pycni.sock", tmp_path / "daemon.log").start()
-        runtime.extra_env.update(d.env())
+        runtime.extra_env.update(d.env())  # no fallback: a pod the daemon did not serve fails
         yield runtime
+        assert d.status()["answered"] > 0
         d.stop()
     else:
         yield runtime

@@ -7,9 +7,12 @@ finish an ADD behind the DEL's back, or the attachment leaks.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -19,17 +22,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import figures
 import pytest
 from cnitest import BIN, Netns
 from relharness import (
     DAEMON_MODULE,
+    NO_DAEMON,
+    STARTUP,
     TIMEOUT,
+    VERB,
     Daemon,
     Net,
+    Phase,
     count,
     descendants,
     exec_plugin,
@@ -38,66 +46,186 @@ from relharness import (
     need_plugins,
     random_delay,
     spawn_add,
+    tally_phases,
     timed,
 )
 from test_rel_faults import PLUGINS, Target, _clean_after_del, _ok, make_target
+
+from cni.fast.procs import comm
 
 pytestmark = pytest.mark.root
 
 
 @pytest.fixture
 def daemon(host: Netns, tmp_path: Path) -> Iterator[Daemon]:
-    """No warm spares: then "the daemon has no child" means every request has finished."""
+    """With a warm spare that serves request after request: a killed or odd request must not
+    spoil the next pod it serves."""
     need(DAEMON_MODULE)
-    d = Daemon(host, tmp_path / "run" / "pycni.sock", tmp_path / "daemon.log", spares=0).start()
+    d = Daemon(host, tmp_path / "run" / "pycni.sock", tmp_path / "daemon.log", spares=1).start()
     yield d
     d.stop()
 
 
-def _with_daemon(t: Target, d: Daemon) -> Target:
-    t.extra_env = {**t.extra_env, **d.env()}
+def _with_daemon(t: Target, d: Daemon, fallback: bool = False) -> Target:
+    t.extra_env = {**t.extra_env, **d.env(fallback)}
     return t
 
 
 def _settle(d: Daemon) -> None:
-    """Wait (bounded) until the daemon has no child left: an orphaned ADD has finished."""
+    """Wait (bounded) until the daemon runs and queues nothing: an orphaned ADD has finished
+    (its child answered, or was reaped)."""
     deadline = time.monotonic() + TIMEOUT
-    while d.proc is not None and d.proc.poll() is None and descendants(d.pid):
+    while d.proc is not None and d.proc.poll() is None:
+        figures_now = d.status()
+        if not (figures_now["running"] or figures_now["queued"]):
+            return
         assert time.monotonic() < deadline, "a daemon child never finished"
         time.sleep(0.02)
 
 
+IDLE_NAMES = {"pycni-spare", "pycni-zygote", "pycni-done"}
+
+
+def _children(d: Daemon) -> list[int]:
+    """The daemon's own children: spares (adopted), the zygote, a child forked for a request."""
+    try:
+        with open(f"/proc/{d.pid}/task/{d.pid}/children") as f:
+            return [int(pid) for pid in f.read().split()]
+    except OSError:
+        return []
+
+
+def _requests_running(d: Daemon) -> list[int]:
+    """The daemon's children running a request (named pycni-<plugin>; idle spares, the spare
+    maker and a child that has answered are named otherwise)."""
+    return [pid for pid in _children(d) if comm(pid).startswith("pycni-")
+            and comm(pid) not in IDLE_NAMES]
+
+
 def _child_soon(d: Daemon, proc: subprocess.Popen, rng: random.Random,
                 typical: float) -> list[int]:
-    """The forked child lives a fraction of the ADD: wait for it to exist (bounded), then let it
-    run a random bit more, so most child kills land mid-request instead of finding nobody."""
-    deadline = time.monotonic() + typical * 2
-    while not descendants(d.pid) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.001)
-    time.sleep(rng.uniform(0, 0.05))
-    return descendants(d.pid)
+    """The request's child runs it for a fraction of the ADD (a warm spare: a few ms): watch
+    the daemon's children's names (pread on their open comm files: µs a look) until one runs
+    it, then let it run a random bit more, so most child kills land
+    mid-request instead of finding nobody."""
+    deadline = time.monotonic() + TIMEOUT  # the shim's own start-up comes first: wait it out
+    watched: dict[int, int] = {}
+    running: list[int] = []
+    try:
+        for look in itertools.count():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                break
+            if look % 64 == 0:  # a child forked for it, a new spare: watch them too
+                for pid in _children(d):
+                    if pid not in watched:
+                        with contextlib.suppress(OSError):
+                            watched[pid] = os.open(f"/proc/{pid}/comm", os.O_RDONLY)
+            running = [pid for pid, fd in watched.items() if _running_name(fd)]
+            if running:
+                break
+    finally:
+        for fd in watched.values():
+            os.close(fd)
+    if running:
+        time.sleep(rng.uniform(0, 0.003))
+    return running
+
+
+def _running_name(fd: int) -> bool:
+    try:
+        name = os.pread(fd, 32, 0).decode().strip()
+    except OSError:
+        return False
+    return name.startswith("pycni-") and name not in IDLE_NAMES
+
+
+def _through_a_spare(d: Daemon, run: Callable[[], Any]) -> Any:
+    """Run `run` (one request) once the daemon has a warm spare, and show a spare served it
+    (no fork): the spare that served the killed or odd request before, when it came back."""
+    deadline = time.monotonic() + TIMEOUT
+    while d.status()["spares"]["warm"] < 1:
+        assert time.monotonic() < deadline, "no warm spare"
+        time.sleep(0.02)
+    before = d.status()
+    out = run()
+    after = d.status()
+    assert after["started"] == before["started"] + 1, "the daemon did not serve it"
+    assert after["forked"] == before["forked"], "the request forked instead of using the spare"
+    return out
+
+
+def same_shape(out: Any) -> str:
+    """A result without what differs between two ADDs by nature (MACs, veth names, the
+    address host-local hands out next)."""
+    text = json.dumps(out, sort_keys=True)
+    text = re.sub(r"([0-9a-f]{2}:){5}[0-9a-f]{2}", "<mac>", text)
+    text = re.sub(r"veth[0-9a-f]{8}", "<veth>", text)
+    text = re.sub(r"bwp[0-9a-f]{12}", "<ifb>", text)  # bandwidth's ifb, named by container ID
+    return re.sub(r"10\.77\.0\.\d+/", "10.77.0.<n>/", text)
+
+
+def _kill_plan(d: Daemon, mode: str, rng: random.Random, typical: float, last: bool
+               ) -> tuple[Callable[[subprocess.Popen], list[int]], Phase, list[int]]:
+    """Made before the round's ADD: whom it kills, how its phase is told (VERB: the daemon's
+    own count shows it started the request), and the pids it froze (to SIGCONT after). The
+    last round's kill lands after the start for sure: its warm spare is stopped (SIGSTOP)
+    before the ADD, the daemon hands it the request, then the kill comes."""
+    frozen: list[int] = []
+    if last:
+        deadline = time.monotonic() + TIMEOUT
+        while d.status()["spares"]["warm"] < 1:
+            assert time.monotonic() < deadline, "no warm spare"
+            time.sleep(0.02)
+        frozen[:] = [pid for pid in _children(d) if comm(pid) == "pycni-spare"]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+    started = d.status()["started"]
+    victim = {"shim": lambda p: [p.pid],  # the runtime's timeout kill
+              "child": lambda p: _child_soon(d, p, rng, typical),
+              "daemon": lambda p: [d.pid]}[mode]
+
+    def phase(_p: subprocess.Popen, _t: Any) -> str:
+        try:
+            return VERB if d.status()["started"] > started else STARTUP
+        except AssertionError:  # the daemon is gone
+            return STARTUP
+
+    def once_started(p: subprocess.Popen) -> list[int]:
+        while p.poll() is None and phase(p, []) != VERB:
+            time.sleep(0.001)
+        return frozen if mode == "child" else victim(p)
+    return (once_started if last else victim), phase, frozen
 
 
 def kill_with_daemon(host: Netns, t: Target, net: Net, d: Daemon, rng: random.Random, n: int,
                      mode: str, name: str) -> None:
+    """Kill the shim, the request's child or the daemon during ADD; the runtime's DEL; then the
+    next ADD, through a spare, must answer as a fresh process does and leave no more."""
     cid0 = "rlcal-0"
+    fresh = {k: v for k, v in t.extra_env.items() if k != "PYCNI_SHIM_FALLBACK"} | {
+        "PYCNI_SOCKET": NO_DAEMON}  # the exec path: a fresh process
+    code, expected, err = exec_plugin(host, t.plugin, "ADD", t.conf(cid0), cid0, t.netns,
+                                      t.ifname, fresh)
+    assert code == 0, f"{expected} {err[-1500:]}"
+    exec_plugin(host, t.plugin, "DEL", t.conf(cid0), cid0, t.netns, t.ifname, fresh)
     typical = timed(lambda: t.check_add(_ok(host, t, "ADD", cid0)))
     _ok(host, t, "DEL", cid0)
-    landed = 0
+    outcomes = []
     for i in range(n):
         cid = f"rld{i}-{rng.randrange(1 << 20):05x}"
+        last = i == n - 1
+        victims, phase, frozen = _kill_plan(d, mode, rng, typical, last)
         proc = spawn_add(host, t.plugin, cid, t.netns, t.ifname, t.extra_env)
-        if mode == "shim":
-            targets = lambda p: [p.pid]  # noqa: E731 - the runtime's timeout kill
-        elif mode == "child":
-            targets = lambda p: _child_soon(d, p, rng, typical)  # noqa: E731
-        else:
-            targets = lambda p: [d.pid]  # noqa: E731
-        # child mode does its own waiting (for the child to exist), so it starts at once
-        delay = 0.0 if mode == "child" else random_delay(rng, typical)
-        outcome = kill_after(proc, delay, targets, stdin=json.dumps(t.conf(cid)).encode())
-        landed += outcome.landed
-        what = f"daemon/{mode} {t.plugin} kill #{i} after {delay:.3f}s (landed={outcome.landed})"
+        # child mode does its own waiting (for the child to run it), so it starts at once
+        delay = 0.0 if mode == "child" or last else random_delay(rng, typical)
+        outcome = kill_after(proc, delay, victims, stdin=json.dumps(t.conf(cid)).encode(),
+                             phase=phase)
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        outcomes.append(outcome)
+        what = (f"daemon/{mode} {t.plugin} kill #{i} after {delay:.3f}s "
+                f"(landed={outcome.landed} in {outcome.phase or '-'})")
         # the runtime's DEL comes at once (with the daemon dead, the shim runs it in-process)
         _ok(host, t, "DEL", cid)
         _settle(d)
@@ -105,12 +233,17 @@ def kill_with_daemon(host: Netns, t: Target, net: Net, d: Daemon, rng: random.Ra
         if mode == "daemon" and d.proc is not None and d.proc.poll() is not None:
             d.proc.wait()
             d.start()
-        t.check_add(_ok(host, t, "ADD", cid))
+        out = _through_a_spare(d, lambda cid=cid: _ok(host, t, "ADD", cid))
+        t.check_add(out)
+        assert same_shape(out) == same_shape(expected), f"{what}: {out} != {expected}"
         _ok(host, t, "DEL", cid)
         _settle(d)
         _clean_after_del(host, t, net, what + ", then ADD+DEL")
-    figures.record(name, plugin=t.plugin, mode=mode, kills=n, landed_mid_add=landed,
-                   failures=0, leaks=0, typical_add_s=round(typical, 3))
+    phases = tally_phases(outcomes)
+    figures.record(name, plugin=t.plugin, mode=mode, kills=n, landed_mid_add=sum(phases.values()),
+                   landed_by_phase=phases, spares=d.spares, failures=0, leaks=0,
+                   typical_add_s=round(typical, 3))
+    assert phases[VERB] >= 1, f"no kill landed after the daemon started the request: {phases}"
 
 
 MODES = ["shim", "child", "daemon"]
@@ -121,7 +254,7 @@ MODES = ["shim", "child", "daemon"]
 def test_kill_during_add_with_daemon(plugin: str, mode: str, host: Netns, pod: Netns, net: Net,
                                      daemon: Daemon, rng: random.Random) -> None:
     need_plugins(plugin)
-    t = _with_daemon(make_target(plugin, host, pod, net), daemon)
+    t = _with_daemon(make_target(plugin, host, pod, net), daemon, fallback=mode == "daemon")
     kill_with_daemon(host, t, net, daemon, rng, count(3, 3), mode, f"daemon-kill-{plugin}")
 
 
@@ -131,7 +264,7 @@ def test_kill_during_add_with_daemon(plugin: str, mode: str, host: Netns, pod: N
 def test_kill_during_add_with_daemon_long(plugin: str, mode: str, host: Netns, pod: Netns,
                                           net: Net, daemon: Daemon, rng: random.Random) -> None:
     need_plugins(plugin)
-    t = _with_daemon(make_target(plugin, host, pod, net), daemon)
+    t = _with_daemon(make_target(plugin, host, pod, net), daemon, fallback=mode == "daemon")
     kill_with_daemon(host, t, net, daemon, rng, count(3, 100), mode,
                      f"daemon-kill-{plugin}-long")
 
@@ -350,9 +483,10 @@ def test_killed_shim_does_not_let_its_add_finish_after_del(host: Netns, pod: Net
     proc.stdin.close()
     proc.stdin = None
     deadline = time.monotonic() + TIMEOUT
-    while not (kids := descendants(daemon.pid)):
+    while not (kids := _requests_running(daemon)):
         assert time.monotonic() < deadline and proc.poll() is None, "ADD never reached a child"
         time.sleep(0.001)
+    kids += [pid for kid in kids for pid in descendants(kid)]  # its IPAM's sleep too
     for pid in kids:
         os.kill(pid, signal.SIGSTOP)  # a slow ADD, frozen before it has done much
     try:

@@ -19,10 +19,12 @@ import leakcheck
 import pytest
 from cnitest import Netns, destroy_netns
 from relharness import (
+    VERB,
     Net,
     Runtime,
     count,
     descendants,
+    exec_phase,
     exec_plugin,
     kill_after,
     need_plugins,
@@ -30,6 +32,7 @@ from relharness import (
     pod_caps,
     random_delay,
     spawn_add,
+    tally_phases,
     timed,
 )
 
@@ -123,21 +126,27 @@ def kill_plugin_during_add(host: Netns, t: Target, net: Net, rng: random.Random,
     typical = timed(lambda: t.check_add(_ok(host, t, "ADD", cid0)))
     _ok(host, t, "DEL", cid0)
     _clean_after_del(host, t, net, "calibration")
-    landed = 0
+    outcomes = []
     for i in range(n):
         cid = f"rlk{i}-{rng.randrange(1 << 20):05x}"
         proc = spawn_add(host, t.plugin, cid, t.netns, t.ifname, t.extra_env)
-        delay = random_delay(rng, typical)
-        outcome = kill_after(proc, delay, stdin=json.dumps(t.conf(cid)).encode())
-        landed += outcome.landed
-        what = f"{t.plugin} kill #{i} after {delay:.3f}s (landed={outcome.landed})"
+        # the last kill waits for the verb: at least one lands inside it, however fast the box
+        last = i == n - 1
+        delay = 0.0 if last else random_delay(rng, typical)
+        outcome = kill_after(proc, delay, stdin=json.dumps(t.conf(cid)).encode(),
+                             until_verb=last)
+        outcomes.append(outcome)
+        what = (f"{t.plugin} kill #{i} after {delay:.3f}s (landed={outcome.landed} "
+                f"in {outcome.phase or '-'})")
         _ok(host, t, "DEL", cid)
         _clean_after_del(host, t, net, what)
         t.check_add(_ok(host, t, "ADD", cid))
         _ok(host, t, "DEL", cid)
         _clean_after_del(host, t, net, what + ", then ADD+DEL")
-    figures.record(name, plugin=t.plugin, kills=n, landed_mid_add=landed, failures=0, leaks=0,
-                   typical_add_s=round(typical, 3))
+    phases = tally_phases(outcomes)
+    figures.record(name, plugin=t.plugin, kills=n, landed_mid_add=sum(phases.values()),
+                   landed_by_phase=phases, failures=0, leaks=0, typical_add_s=round(typical, 3))
+    assert phases[VERB] >= 1, f"no kill landed after the verb started: {phases}"
 
 
 PLUGINS = ["loopback", "host-local", "bridge", "portmap", "bandwidth"]
@@ -177,16 +186,18 @@ def kill_chain_during_add(host: Netns, runtime: Runtime, netns_factory: Callable
     typical = timed(lambda: runtime.ok("add", pod.path, "rlcal-0", pod_caps(19000)))
     runtime.ok("del", pod.path, "rlcal-0", pod_caps(19000))
     leakcheck.assert_none(host, net.data_dir, net.cache_dir, context="calibration")
-    landed = 0
+    outcomes = []
     for i in range(n):
         cid = f"rlc{i}-{rng.randrange(1 << 20):05x}"
         caps = pod_caps(19001 + i % 500)
         proc = runtime.popen("add", pod.path, cid, caps)
         targets = (lambda p: _plugin_children(p, rng)) if mode == "plugin" else None
-        delay = random_delay(rng, typical)
-        outcome = kill_after(proc, delay, targets)
-        landed += outcome.landed
-        what = f"chain/{mode} kill #{i} after {delay:.3f}s (landed={outcome.landed})"
+        last = i == n - 1
+        delay = 0.0 if last else random_delay(rng, typical)
+        outcome = kill_after(proc, delay, targets, phase=_chain_phase, until_verb=last)
+        outcomes.append(outcome)
+        what = (f"chain/{mode} kill #{i} after {delay:.3f}s (landed={outcome.landed} "
+                f"in {outcome.phase or '-'})")
         if mode == "lost":
             destroy_netns(pod, host)
             code, out, err = runtime.run_gc(valid=[])
@@ -200,8 +211,26 @@ def kill_chain_during_add(host: Netns, runtime: Runtime, netns_factory: Callable
         assert out and out.get("ips"), f"{what}: {out}"
         runtime.ok("del", pod.path, cid, caps)
         leakcheck.assert_none(host, net.data_dir, net.cache_dir, context=what + ", ADD+DEL")
-    figures.record(name, target=f"chain/{mode}", kills=n, landed_mid_add=landed, failures=0,
-                   leaks=0, typical_add_s=round(typical, 3))
+    phases = tally_phases(outcomes)
+    figures.record(name, target=f"chain/{mode}", kills=n, landed_mid_add=sum(phases.values()),
+                   landed_by_phase=phases, failures=0, leaks=0, typical_add_s=round(typical, 3))
+    assert phases[VERB] >= 1, f"no kill landed after a plugin's verb started: {phases}"
+
+
+def _chain_phase(proc: subprocess.Popen, targets) -> str:
+    """VERB once a plugin the runtime runs has started its verb (the runtime's own process
+    loads config models too: it does not count)."""
+    return exec_phase(proc, list(targets) or _children(proc.pid) or [-1])
+
+
+def _children(pid: int) -> list[int]:
+    """The runtime's plugin processes (its children: quicker than a walk of /proc, which a
+    plugin's verb can finish within)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(kid) for kid in f.read().split()]
+    except OSError:
+        return []
 
 
 CHAIN_MODES = ["all", "plugin", "lost"]

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -25,9 +27,11 @@ from cnitest import BIN, Netns
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from relharness import (
+    DAEMON_MODULE,
     NO_DAEMON,
     PLUGIN_MODULES,
     TIMEOUT,
+    Daemon,
     Net,
     Runtime,
     count,
@@ -202,6 +206,7 @@ class Fuzz:
         self.codes: dict[int, int] = {}
         self.problems: list[str] = []
         self.accepted: list[str] = []
+        self.exec_env: dict[str, str] = {}  # over each exec'd case's env (a daemon's socket)
 
     def snapshot(self) -> leakcheck.HostSnapshot:
         return leakcheck.snapshot(self.host, *self.dirs)
@@ -218,7 +223,8 @@ class Fuzz:
         return reply.code, reply.stdout, reply.stderr
 
     def exec(self, plugin: str, env: dict[str, str], stdin: bytes) -> tuple[int, bytes, bytes]:
-        full = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **env}
+        full = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **env,
+                **self.exec_env}
         proc = subprocess.run(plugin_argv(self.host, plugin), input=stdin, env=full,
                               capture_output=True, timeout=TIMEOUT)
         return proc.returncode, proc.stdout, proc.stderr
@@ -327,6 +333,133 @@ def test_fuzz_in_process_long(plugin: str, fuzz_setup, net: Net, pod: Netns) -> 
 def test_fuzz_exec_sample_long(plugin: str, fuzz_setup, net: Net, pod: Netns) -> None:
     fz, choices = fuzz_setup
     _fuzz(plugin, fz, choices, net, pod, count(6, 150), True, "fuzz-exec-long")
+
+
+# ---- the same, through the daemon's spares ---------------------------------------------------
+
+@pytest.fixture
+def spare_daemon(host: Netns, tmp_path: Path) -> Iterator[Daemon]:
+    """One warm spare, serving request after request: each hostile case reaches it."""
+    need(DAEMON_MODULE)
+    d = Daemon(host, tmp_path / "run" / "pycni.sock", tmp_path / "daemon.log", spares=1).start()
+    yield d
+    d.stop()
+
+
+class Probe:
+    """The next valid pod after a hostile case: ADD, then DEL, of the plugin's valid config.
+    Its answer and the kernel state it makes are compared with a fresh process's."""
+
+    def __init__(self, fz: Fuzz, plugin: str, conf: dict[str, Any], ifname: str,
+                 pod: Netns) -> None:
+        self.fz, self.plugin, self.conf = fz, plugin, json.dumps(conf).encode()
+        self.env = {"CNI_CONTAINERID": "rlprobe-1", "CNI_NETNS": pod.path,
+                    "CNI_IFNAME": ifname, "CNI_PATH": str(BIN)}
+
+    def run(self, via: dict[str, str], ready: Callable[[], object] = lambda: None
+            ) -> tuple[str, list[str], list[str]]:
+        """(its ADD's answer, what the ADD changed on the host, what ADD+DEL left: a plugin's
+        lasting state, the bridge, the store's bookkeeping), masked of what differs by
+        nature. `ready` waits before each request (for the daemon's spare to be back)."""
+        before = self.fz.snapshot()
+        env = {**self.env, **via}
+        ready()
+        code, out, err = self.call("ADD", env)
+        assert code == 0, f"{self.plugin} probe ADD: {out[:500]!r} {err[-500:]!r}"
+        made = before.diff(self.fz.snapshot())
+        ready()
+        code, out_del, err = self.call("DEL", env)
+        assert code == 0, f"{self.plugin} probe DEL: {out_del[:500]!r} {err[-500:]!r}"
+        left = before.diff(self.fz.snapshot())
+        return (_masked(out.decode()), sorted(_masked(d) for d in made if not _link_local(d)),
+                sorted(_masked(d) for d in left if not _link_local(d)))
+
+    def call(self, command: str, env: dict[str, str]) -> tuple[int, bytes, bytes]:
+        full = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+                "CNI_COMMAND": command, **env}
+        proc = subprocess.run(plugin_argv(self.fz.host, self.plugin), input=self.conf,
+                              env=full, capture_output=True, timeout=TIMEOUT)
+        return proc.returncode, proc.stdout, proc.stderr
+
+
+def _link_local(change: str) -> bool:
+    return change.startswith("addresses +") and change.split()[2].startswith("fe80:")
+
+
+def _masked(text: str) -> str:
+    text = re.sub(r"([0-9a-f]{2}:){5}[0-9a-f]{2}", "<mac>", text)
+    text = re.sub(r"veth[0-9a-f]{8}", "<veth>", text)
+    return re.sub(r"10\.77\.0\.\d+", "10.77.0.<n>", text)  # host-local hands out the next
+
+
+def _warm_spare(d: Daemon) -> dict[str, Any]:
+    deadline = time.monotonic() + TIMEOUT
+    while (figures_now := d.status())["spares"]["warm"] < 1:
+        assert time.monotonic() < deadline, "no warm spare"
+        time.sleep(0.02)
+    return figures_now
+
+
+def _fuzz_through_a_spare(plugin: str, fz: Fuzz, netns_choices: list[str], net: Net,
+                          pod: Netns, d: Daemon, examples: int, name: str) -> None:
+    """Each hostile case through the daemon's spare, then a valid pod: it must answer and
+    change the kernel exactly as through a fresh process, through the same spare unless the
+    case made it retire (a spare retires rather than serve in doubt)."""
+    need_plugins(plugin)
+    ifname = "eth1" if plugin == "bridge" else "eth0"
+    probe = Probe(fz, plugin, base_conf(plugin, net, pod), ifname, pod)
+    probe.run({"PYCNI_SOCKET": NO_DAEMON})  # the first makes what lasts (store, bridge)
+    fresh = probe.run({"PYCNI_SOCKET": NO_DAEMON})
+    fz.exec_env = d.env()  # no fallback: what the daemon does not take fails
+    tally = {"probes": 0, "spares_reused": 0, "spares_retired": 0, "cases_the_daemon_ran": 0}
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=False,
+              suppress_health_check=list(HealthCheck))
+    @given(conf=mutated(base_conf(plugin, net, pod), plugin), env=envs(netns_choices, ifname))
+    def one(conf: dict[str, Any], env: dict[str, str]) -> None:
+        env = {k: v for k, v in env.items() if "\x00" not in v}  # execve cannot pass a NUL
+        before = _warm_spare(d)
+        fz.case(plugin, env, conf, via_exec=True)
+        after_case = _warm_spare(d)
+        tally["cases_the_daemon_ran"] += after_case["started"] - before["started"]
+        assert probe.run(d.env(), lambda: _warm_spare(d)) == fresh, \
+            f"after {env} {conf}: not as a fresh process"
+        after = d.status()
+        assert after["started"] == after_case["started"] + 2  # the probe's ADD and DEL
+        assert after["forked"] == before["forked"], "a request forked: no spare served it"
+        tally["probes"] += 1
+        retired = after["spares"]["retired"] - before["spares"]["retired"]
+        tally["spares_retired"] += retired
+        tally["spares_reused"] += retired == 0
+
+    one()
+    leaks = leakcheck.find(fz.host, net.data_dir, net.cache_dir, ignore_links=("vethrlfz0",))
+    why = re.findall(r"exits instead of serving again: ([^:\n]*)", d.log.read_text())
+    figures.record(name, plugin=plugin, via="daemon", cases=fz.cases, errors=fz.errors,
+                   successes=fz.successes, problems=len(fz.problems), leaks=leaks.total(),
+                   spares=d.spares, **tally,
+                   retired_because={w: why.count(w) for w in sorted(set(why))})
+    assert not fz.problems, f"{len(fz.problems)} problems:\n" + "\n".join(fz.problems[:8])
+    assert leaks.empty(), str(leaks)
+    assert tally["spares_reused"] > 0, tally  # most cases leave the spare fit to serve again
+    assert tally["cases_the_daemon_ran"] > 0, tally  # (VERSION, odd commands: the shim's)
+
+
+@pytest.mark.parametrize("plugin", FUZZ_PLUGINS)
+def test_fuzz_through_a_spare(plugin: str, fuzz_setup, net: Net, pod: Netns,
+                              spare_daemon: Daemon) -> None:
+    fz, choices = fuzz_setup
+    _fuzz_through_a_spare(plugin, fz, choices, net, pod, spare_daemon, count(6, 6),
+                          "fuzz-daemon")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plugin", FUZZ_PLUGINS)
+def test_fuzz_through_a_spare_long(plugin: str, fuzz_setup, net: Net, pod: Netns,
+                                   spare_daemon: Daemon) -> None:
+    fz, choices = fuzz_setup
+    _fuzz_through_a_spare(plugin, fz, choices, net, pod, spare_daemon, count(6, 150),
+                          "fuzz-daemon-long")
 
 
 # ---- specific attacks ---------------------------------------------------------------------------

@@ -1,0 +1,43 @@
+"""Ask a running daemon for its own figures: version, pid, requests started and answered since
+it started, how many had to fork a child because no spare was warm, and its spares. A status
+query is never a plugin run (protocol.STATUS_MAGIC); like every request it is root only.
+
+Tests use it to prove that the daemon, not the shim's in-process fallback, served a request;
+`pycni doctor` prints it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+from cni.fast import protocol as proto
+
+
+def query(socket_path: str | None = None, timeout: float = 2.0) -> dict | None:
+    """The daemon's figures; None if no daemon answers on the socket (none there, refused
+    the connection or the query, or it is not a pycni daemon that knows the query)."""
+    path = socket_path or os.environ.get(proto.SOCKET_ENV) or proto.DEFAULT_SOCKET
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as s:
+            s.settimeout(timeout)
+            s.connect(path)
+            s.sendall(proto.STATUS_MAGIC)
+            answer = _read_all(s)
+    except OSError:
+        return None
+    try:
+        code, out_len, _ = proto.reply_sizes(answer[:proto.REPLY_PREFIX])
+        figures = json.loads(answer[proto.REPLY_PREFIX:proto.REPLY_PREFIX + out_len])
+    except ValueError:
+        return None
+    if code != 0 or not isinstance(figures, dict) or "answered" not in figures:
+        return None  # a refusal (not root), or an older daemon's "not a pycni request"
+    return figures
+
+
+def _read_all(s: socket.socket) -> bytes:
+    chunks = []
+    while chunk := s.recv(1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks)
