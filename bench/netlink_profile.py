@@ -139,9 +139,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--chain", action="store_true",
-                        help="bandwidth (on bridge's result) and loopback too, each verb")
+                        help="bandwidth (on bridge's result) and loopback too, each verb; bridge as"
+                        " in make bench's chain (ipMasq on nftables, hairpin, a default route)")
     parser.add_argument("--kept", action="store_true",
-                        help="as a daemon's spare: one IPRoute kept for the host namespace")
+                        help="as a daemon's spare: one IPRoute (and NFTSockets) kept for the host"
+                        " namespace")
     opts = parser.parse_args()
 
     from cni.host import nsfd
@@ -163,13 +165,19 @@ def main() -> None:
     gc.disable()
     _install()
     if opts.kept:
-        from cni.host import netns
+        from cni.host import netns, nftrecord
 
         netns.keep_home_socket()
+        keep_nft = getattr(nftrecord, "keep_home_sockets", None)  # absent in older checkouts
+        if keep_nft is not None:
+            keep_nft()
     tmp = Path(tempfile.mkdtemp(prefix="pycni-nlprof-"))
     config = {"cniVersion": "1.0.0", "name": "profnet", "type": "bridge", "bridge": "cni0",
               "isGateway": True, "ipam": {"type": "host-local", "subnet": "10.77.0.0/16",
                                           "dataDir": str(tmp / "ipam")}}
+    if opts.chain:  # the bridge of make bench's chain (bench/driver.py)
+        config |= {"ipMasq": True, "ipMasqBackend": "nftables", "hairpinMode": True}
+        config["ipam"] = config["ipam"] | {"routes": [{"dst": "0.0.0.0/0"}]}
     _configs.update(bridge=config, loopback={"cniVersion": "1.0.0", "name": "lo",
                                              "type": "loopback"},
                     bandwidth={"cniVersion": "1.0.0", "name": "profnet", "type": "bandwidth",
