@@ -138,8 +138,12 @@ def main() -> None:
     _private_mounts()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--chain", action="store_true",
+                        help="bandwidth (on bridge's result) and loopback too, each verb; bridge as"
+                        " in make bench's chain (ipMasq on nftables, hairpin, a default route)")
     parser.add_argument("--kept", action="store_true",
-                        help="as a daemon's spare: one IPRoute kept for the host namespace")
+                        help="as a daemon's spare: one IPRoute (and NFTSockets) kept for the host"
+                        " namespace")
     opts = parser.parse_args()
 
     from cni.host import nsfd
@@ -161,13 +165,24 @@ def main() -> None:
     gc.disable()
     _install()
     if opts.kept:
-        from cni.host import netns
+        from cni.host import netns, nftrecord
 
         netns.keep_home_socket()
+        keep_nft = getattr(nftrecord, "keep_home_sockets", None)  # absent in older checkouts
+        if keep_nft is not None:
+            keep_nft()
     tmp = Path(tempfile.mkdtemp(prefix="pycni-nlprof-"))
     config = {"cniVersion": "1.0.0", "name": "profnet", "type": "bridge", "bridge": "cni0",
               "isGateway": True, "ipam": {"type": "host-local", "subnet": "10.77.0.0/16",
                                           "dataDir": str(tmp / "ipam")}}
+    if opts.chain:  # the bridge of make bench's chain (bench/driver.py)
+        config |= {"ipMasq": True, "ipMasqBackend": "nftables", "hairpinMode": True}
+        config["ipam"] = config["ipam"] | {"routes": [{"dst": "0.0.0.0/0"}]}
+    _configs.update(bridge=config, loopback={"cniVersion": "1.0.0", "name": "lo",
+                                             "type": "loopback"},
+                    bandwidth={"cniVersion": "1.0.0", "name": "profnet", "type": "bandwidth",
+                               "ingressRate": 8_000_000, "ingressBurst": 80_000,
+                               "egressRate": 8_000_000, "egressBurst": 80_000})
     per_verb: dict[str, list[tuple[float, list[Call]]]] = defaultdict(list)
     try:
         for i in range(opts.rounds + 1):  # the first round (bridge creation) is left out
@@ -177,19 +192,24 @@ def main() -> None:
                    "CNI_IFNAME": "eth0", "CNI_PATH": str(ROOT / "bin"),
                    "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
             try:
-                for verb in ("ADD", "CHECK", "DEL"):
-                    got = _run("bridge", env | {"CNI_COMMAND": verb},
-                               config if verb != "CHECK" else _with_prev(config, tmp, env))
+                for plugin, verb in _steps(opts.chain):
+                    step_env = env | {"CNI_COMMAND": verb}
+                    if plugin == "loopback":
+                        step_env["CNI_IFNAME"] = "lo"
+                    conf = _configs[plugin]
+                    if plugin == "bandwidth" or (verb == "CHECK" and plugin == "bridge"):
+                        conf = _with_prev(conf, tmp, env)
+                    got = _run(plugin, step_env, conf)
                     if i:
-                        per_verb[verb].append(got)
-                    if verb == "ADD":
+                        per_verb[f"{plugin} {verb}"].append(got)
+                    if verb == "ADD" and plugin == "bridge":
                         (tmp / "prev.json").write_text(json.dumps(_last_result))
             finally:
                 subprocess.run(["ip", "netns", "del", pod], check=False)
     finally:
         subprocess.run(["rm", "-rf", str(tmp)], check=False)
     for verb, runs in per_verb.items():
-        _table(verb, runs)
+        _table(verb if " " in verb else f"bridge {verb}", runs)
     if not _helper:
         return
     print("\nlinkgone's helper thread (DEL's link delete, off the request's path once the link"
@@ -202,6 +222,17 @@ def main() -> None:
 
 
 _last_result: dict = {}
+_configs: dict[str, dict] = {}
+
+
+def _steps(chain: bool) -> list[tuple[str, str]]:
+    """bridge ADD, CHECK, DEL; with --chain, bridge + bandwidth (on bridge's result) and
+    loopback: the ADDs, the CHECKs, the DELs (bandwidth's and loopback's first)."""
+    if not chain:
+        return [("bridge", verb) for verb in ("ADD", "CHECK", "DEL")]
+    plugins = ("bridge", "bandwidth", "loopback")
+    return ([(p, "ADD") for p in plugins] + [(p, "CHECK") for p in plugins]
+            + [(p, "DEL") for p in reversed(plugins)])
 
 
 def _with_prev(config: dict, tmp: Path, env: dict) -> dict:
@@ -212,7 +243,7 @@ def _table(verb: str, runs: list[tuple[float, list[Call]]]) -> None:
     """Median of each call (by its position in the sequence) over the runs."""
     sequences = [calls for _, calls in runs]
     length = min(len(s) for s in sequences)
-    print(f"\n### bridge {verb}: {len(runs)} runs, median per call (ms)\n")
+    print(f"\n### {verb}: {len(runs)} runs, median per call (ms)\n")
     print("| # | call | ms |\n| --- | --- | --- |")
     netlink = 0.0
     for n in range(length):

@@ -57,3 +57,39 @@ def test_sockets_live_in_the_namespace_they_are_asked_for(host, pod) -> None:
         assert a is b and a is not c  # one per namespace per request
         assert links.get(a, "nsx0") is not None
         assert links.get(c, "nsx0") is None
+
+
+KEPT_NFT = """
+import os, sys
+import pyroute2
+from cni.host import nftrecord
+from cni.host.nsfd import setns
+
+host, pod, handle = sys.argv[1], sys.argv[2], int(sys.argv[3])
+setns(os.open(host, os.O_RDONLY))  # a spare forked in the host namespace
+nftrecord.keep_home_sockets()
+made = []
+real = pyroute2.NFTSocket
+pyroute2.NFTSocket = lambda **kw: made.append(kw) or real(**kw)
+for _ in range(2):  # request after request
+    assert nftrecord.comments("inet", "pycni_kept", [("c", handle), ("c", handle + 50)]) \\
+        == ["kept rule", None]
+assert nftrecord.comments("inet", "pycni_none", [("c", 1)]) == [None]
+assert made == [], "the kept sockets serve their namespace"
+setns(os.open(pod, os.O_RDONLY))  # a request whose namespace is another: a socket of its own
+assert nftrecord.comments("inet", "pycni_kept", [("c", handle)]) == [None]
+assert len(made) == 1
+print("ok")
+"""
+
+
+def test_kept_nft_sockets_answer_in_their_namespace_only(host, pod) -> None:
+    host.run("nft", 'add table inet pycni_kept; add chain inet pycni_kept c; '
+             'add rule inet pycni_kept c continue comment "kept rule"')
+    listed = host.run("nft", "-a", "list", "chain", "inet", "pycni_kept", "c").stdout
+    handle = next(int(line.split("# handle ")[1]) for line in listed.splitlines()
+                  if "kept rule" in line)
+    out = subprocess.run([sys.executable, "-c", KEPT_NFT, host.path, pod.path, str(handle)],
+                         cwd=ROOT, capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ok"]

@@ -74,9 +74,10 @@ def warm_up(netlink: bool = True) -> None:
     the replies they parse read once (read-only, own netns). The parent does it all once
     before it forks; a spare skips that (the encoders and parsers are built in the image it
     was forked from) and instead keeps one IPRoute of its own for its namespace, from request
-    to request (netns.keep_home_socket: made here, before the spare records its fds)."""
+    to request (netns.keep_home_socket: made here, before the spare records its fds), and an
+    NFTSocket per family its CHECKs ask (nftrecord.keep_home_sockets)."""
     from cni import skel
-    from cni.host import dumps, links, netns, warm
+    from cni.host import dumps, links, netns, nftrecord, warm
     from cni.registry import PLUGINS
 
     for plugin in PLUGINS:
@@ -88,6 +89,7 @@ def warm_up(netlink: bool = True) -> None:
     try:
         if not netlink:
             netns.keep_home_socket()
+            nftrecord.keep_home_sockets()
         with netns.iproute() as ipr:
             if netlink:
                 lo = links.get(ipr, "lo")

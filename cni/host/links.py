@@ -58,6 +58,10 @@ _FIELDS = ("IFLA_IFNAME", "IFLA_ADDRESS", "IFLA_MTU", "IFLA_MASTER", "IFLA_OPERS
            "IFLA_LINK", "IFLA_LINKINFO")
 
 
+_KIND_INFO = ("IFLA_INFO_KIND",)
+_PORT_INFO = ("IFLA_INFO_KIND", "IFLA_INFO_SLAVE_KIND", "IFLA_INFO_SLAVE_DATA")
+
+
 def _attrs(msg: Any, names: tuple[str, ...]) -> dict[str, Any]:
     """The first value of each NLA in `names`, in one pass over the message (pyroute2 decodes
     an NLA when its value is read: the others, statistics and all, stay undecoded)."""
@@ -76,10 +80,11 @@ def from_message(msg: Any, port_state: bool = False) -> Link:
     kind = state = None
     info = nla.get("IFLA_LINKINFO")
     if info is not None:
-        data = _attrs(info, ("IFLA_INFO_KIND", "IFLA_INFO_SLAVE_KIND", "IFLA_INFO_SLAVE_DATA"))
+        # A port's IFLA_INFO_SLAVE_DATA is read only when asked for: reading it decodes it.
+        data = _attrs(info, _PORT_INFO if port_state else _KIND_INFO)
         kind = data.get("IFLA_INFO_KIND")
         slave = data.get("IFLA_INFO_SLAVE_DATA")
-        if port_state and slave is not None and data.get("IFLA_INFO_SLAVE_KIND") == "bridge":
+        if slave is not None and data.get("IFLA_INFO_SLAVE_KIND") == "bridge":
             state = slave.get_attr("IFLA_BRPORT_STATE")
     flags = msg["flags"]
     return Link(
