@@ -466,18 +466,14 @@ def kill_after(proc: subprocess.Popen, delay: float,
         except BrokenPipeError:
             pass
         proc.stdin = None  # communicate() below must not flush it again
-    stopped = False
-    if until_verb:  # then the session is stopped (SIGSTOP) as it is seen in the verb: the kill
-        wait_for_verb(proc, phase)  # lands there, however short the verb
-        stopped = proc.poll() is None and phase(proc, []) == VERB and _signal_group(
-            proc.pid, signal.SIGSTOP)
+    held, stopped = _hold_in_verb(proc, phase, targets) if until_verb else (None, False)
     deadline = time.monotonic() + delay
     while time.monotonic() < deadline and proc.poll() is None:
         time.sleep(min(0.005, max(0.0, deadline - time.monotonic())))
     landed = False
     where = ""
     if proc.poll() is None:
-        chosen = None if targets is None else targets(proc)
+        chosen = held if stopped else None if targets is None else targets(proc)
         where = phase(proc, chosen or [])
         if chosen is None:
             landed = _killpg(proc.pid)
@@ -496,6 +492,26 @@ def kill_after(proc: subprocess.Popen, delay: float,
         _killpg(proc.pid)
         out, _ = proc.communicate(timeout=TIMEOUT)
     return KillOutcome(landed=landed, code=proc.returncode, stdout=out or b"", phase=where)
+
+
+def _hold_in_verb(proc: subprocess.Popen, phase: Phase,
+                  targets: Callable[[subprocess.Popen], Sequence[int]] | None
+                  ) -> tuple[list[int] | None, bool]:
+    """Stop the session (SIGSTOP) while its verb runs, so that the kill lands there however
+    short the verb: wait for the verb, stop, and look again while stopped (the verb may have
+    ended in between, or the pid chosen to kill may not be the one in it): if so, let it go on
+    and wait again. -> (the pids to kill, chosen while stopped; whether it is stopped)."""
+    deadline = time.monotonic() + TIMEOUT
+    while proc.poll() is None and time.monotonic() < deadline:
+        wait_for_verb(proc, phase, deadline - time.monotonic())
+        if proc.poll() is not None or not _signal_group(proc.pid, signal.SIGSTOP):
+            break
+        chosen = None if targets is None else list(targets(proc))
+        if (targets is None or chosen) and phase(proc, chosen or []) == VERB:
+            return chosen, True
+        _signal_group(proc.pid, signal.SIGCONT)
+        time.sleep(0.001)
+    return None, False
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
