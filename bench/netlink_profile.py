@@ -119,23 +119,11 @@ def _run(plugin: str, env: dict[str, str], config: dict) -> tuple[float, list[Ca
     return total, list(_calls)
 
 
-def _private_mounts() -> None:
-    """Re-exec in a private mount namespace with fresh /run/netns, /run/pycni, /var/lib/cni."""
-    if os.environ.get("PYCNI_NLPROF_PRIVATE") == "1":
-        for path, mode in (("/run/netns", "0755"), ("/run/pycni", "0700"),
-                           ("/var/lib/cni", "0755")):
-            os.makedirs(path, exist_ok=True)
-            subprocess.run(["mount", "-t", "tmpfs", "-o", f"mode={mode}", "pycni-nlprof", path],
-                           check=True)
-        return
-    env = os.environ | {"PYCNI_NLPROF_PRIVATE": "1"}
-    os.execvpe("unshare", ["unshare", "--mount", "--propagation", "private", "--",
-                           sys.executable, *sys.argv], env)
-
-
 def main() -> None:
     global _HOME
-    _private_mounts()
+    from run import enter_private_mounts  # bench/run.py: this script's folder is on sys.path
+
+    enter_private_mounts(also=(("/run/pycni", "0700"), ("/var/lib/cni", "0755")))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--chain", action="store_true",

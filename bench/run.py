@@ -63,8 +63,9 @@ CLONE_NEWNET = 0x40000000
 
 # --- the throwaway world ----------------------------------------------------------------------
 
-def enter_private_mounts() -> None:
-    """Re-exec in a private mount namespace with its own /run/netns (nothing can leak)."""
+def enter_private_mounts(also: tuple[tuple[str, str], ...] = ()) -> None:
+    """Re-exec in a private mount namespace with its own /run/netns (nothing can leak), and a
+    fresh tmpfs on each (path, mode) of `also`."""
     if os.environ.get("PYCNI_BENCH_NS") != "1":
         if os.geteuid() != 0:
             raise SystemExit("bench: needs root (network namespaces)")
@@ -73,6 +74,10 @@ def enter_private_mounts() -> None:
                               sys.executable, *sys.argv])
     os.makedirs("/run/netns", exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "pycni-bench-netns", "/run/netns"], check=True)
+    for path, mode in also:
+        os.makedirs(path, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"mode={mode}", "pycni-bench", path],
+                       check=True)
 
 
 def ensure_iptables() -> None:
