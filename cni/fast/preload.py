@@ -9,16 +9,13 @@ import os
 
 log = logging.getLogger("pycni.daemon")
 
-# pyroute2: every netlink request goes through its IPRoute (~90 ms to import, once here).
+# pyroute2: every netlink request goes through its IPRoute (~90 ms to import, once here). Its
+# package imports every message class and socket the verbs use (rtnl, tc, conntrack, nftables).
 HEAVY_MODULES = ("cni.spec.config", "nftables", "cni.skel", "pyroute2")  # config: pydantic
 # Imported inside functions on the request path: imported here, or every child pays for it
 # (bandwidth's tc/ifb/peer alone cost ~3 ms a request: module bodies, dataclass builds);
 # subprocess for an IPAM plugin that is not ours (~2.5 ms).
-# pyroute2's message classes the verbs use by module (dumps.py, tc.py, linkgone.py, conntrack).
-LAZY_MODULES = ("pyroute2.netlink.rtnl.ifaddrmsg", "pyroute2.netlink.rtnl.tcmsg",
-                "pyroute2.netlink.rtnl.marshal", "pyroute2.netlink.nfnetlink.nfctsocket",
-                "traceback", "subprocess",
-                "pyroute2.netlink.nfnetlink.nftsocket")  # cni.host.nftrecord.comments
+LAZY_MODULES = ("traceback", "subprocess")
 PACKAGES = ("cni.spec", "cni.host", "cni.ipam", "cni.plugins")  # every module in them, too
 
 
