@@ -289,8 +289,9 @@ def daemon_status_findings(path: str) -> list[Finding]:
         out.append(Finding(WARN, "daemon version", f"{figures['version']}, but pycni here is "
                            f"{__version__}", "restart `pycni daemon` to run this version"))
     sp = figures["spares"]
-    detail = (f"{sp['configured']} configured, {sp['warm']} warm, {sp['serving']} serving, "
-              f"{sp['retired']} retired")
+    most = f" (up to {sp['max']} under load)" if sp.get("max", 0) > sp["configured"] > 0 else ""
+    detail = (f"{sp['configured']} configured{most}, {sp['warm']} warm, {sp['serving']} "
+              f"serving, {sp['retired']} retired")
     if sp["configured"] > 0 and sp["warm"] + sp["serving"] == 0:
         out.append(Finding(WARN, "daemon spares", detail + ": requests fork a child each "
                            "(slower)", "see the daemon's log for why its spares exit"))

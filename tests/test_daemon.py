@@ -559,7 +559,7 @@ def test_requests_go_on_when_the_zygote_dies(host, pod, plugins, start_daemon) -
     for command in ("ADD", "CHECK", "DEL", "ADD"):
         plugins.ok("loopback", command, LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
     daemon.wait_served(4)
-    wait_for(lambda: len(daemon.named("pycni-spare")) == 2, "spares the daemon forks itself")
+    wait_for(lambda: len(daemon.named("pycni-spare")) >= 2, "spares the daemon forks itself")
     wait_for(lambda: daemon.named("pycni-zygote") == [], "the zygote reaped")
 
 
@@ -622,18 +622,18 @@ def test_concurrent_requests_all_answer(host, netns_factory, start_daemon) -> No
     daemon = start_daemon(host)
     pods = [netns_factory("pycni-pod") for _ in range(12)]
     plugins = Plugins(host)
-    results: list[int] = []
+    results: list[tuple[int, str]] = []
 
     def one(pod: Netns) -> None:
-        code, _, _ = plugins.exec("loopback", "ADD", LOOPBACK, netns=pod.path, ifname="lo",
-                                  env=daemon.env)
-        results.append(code)
+        code, out, err = plugins.exec("loopback", "ADD", LOOPBACK, netns=pod.path, ifname="lo",
+                                      env=daemon.env)
+        results.append((code, f"{out} {err}"))
     threads = [threading.Thread(target=one, args=(p,)) for p in pods]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert results == [0] * len(pods)
+    assert [code for code, _ in results] == [0] * len(pods), (results, daemon.log.read_text())
     daemon.wait_served(len(pods))
 
 
@@ -721,6 +721,27 @@ def test_a_nested_ipam_call_skips_its_callers_lock_but_a_racing_del_waits(
     assert (tmp_path / "ipam.log").read_text().split("\n")[:2] == ["ADD wrap1", "DEL wrap1"]
 
 
+def test_a_nested_ipam_call_never_waits_for_a_spare(host, pod, plugins, start_daemon,
+                                                    tmp_path) -> None:
+    """bridge holds the only spare while its IPAM plugin (a wrapper script around our
+    host-local) calls the daemon: that call must not wait for the spare bridge holds (a
+    deadlock until --spare-wait), it forks a child of its own."""
+    daemon = start_daemon(host, "--spares", "1", "--max-spares", "1", "--spare-wait", "600")
+    wait_for(lambda: daemon.status()["spares"]["warm"] == 1, "the spare warm")
+    bin_dir, release = wrapped_ipam(tmp_path)
+    conf = {"cniVersion": "1.0.0", "name": "wrapnet", "type": "bridge", "bridge": "wrapbr0",
+            "ipam": {"type": "logged-ipam", "ranges": [[{"subnet": "10.79.0.0/24"}]],
+                     "dataDir": str(tmp_path / "ipam")}}
+    release_later = threading.Thread(target=release)
+    release_later.start()
+    result = plugins.ok("bridge", "ADD", conf, netns=pod.path, ifname="eth0",
+                        env={**daemon.env, "CNI_PATH": f"{bin_dir}:{BIN}"})
+    release_later.join()
+    assert result["ips"][0]["address"] == "10.79.0.2/24"
+    daemon.wait_served(2)
+    assert daemon.status()["forked"] == 1  # the nested host-local's own child
+
+
 def test_set_environ_makes_the_environment_exactly_the_requests() -> None:
     """The child's environment becomes the caller's, for what the plugin execs: keys it lacks
     go, changed ones change, equal ones stay, a name putenv refuses is skipped."""
@@ -800,8 +821,8 @@ def test_status_counts_requests_forks_and_spares(host, pod, plugins, start_daemo
     assert before["version"] == __import__("cni").__version__
     assert before["pid"] == daemon.proc.pid
     assert (before["started"], before["answered"], before["forked"]) == (0, 0, 0)
-    assert before["spares"] == {"configured": 1, "warm": 1, "serving": 0, "retired": 0,
-                                "ordered": 0}
+    assert before["spares"] == {"configured": 1, "max": 8, "warm": 1, "serving": 0,
+                                "retired": 0, "ordered": 0}
     for i, command in enumerate(("ADD", "CHECK", "DEL")):
         plugins.ok("loopback", command, LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
         daemon.wait_served(i + 1)
@@ -823,6 +844,70 @@ def test_status_counts_a_fork_when_no_spare_is_warm(host, pod, plugins, start_da
     assert figures["spares"]["configured"] == 0
 
 
+def test_the_spare_pool_grows_while_every_spare_is_busy_and_shrinks_when_idle(
+        host, pod, plugins, start_daemon, tmp_path) -> None:
+    """With every spare busy, a request's child is forked as a spare that stays after its reply
+    (up to --max-spares): a burst of pods pays a fork per spare, not per request. The spares
+    beyond --spares retire once idle for --spare-linger seconds."""
+    daemon = start_daemon(host, "--spares", "1", "--max-spares", "3", "--spare-linger", "2")
+    wait_for(lambda: daemon.status()["spares"]["warm"] == 1, "the spare warm")
+    hung, releases = [], []
+    for i in range(3):
+        (tmp_path / f"h{i}").mkdir()
+        fifo, release = hang_conf(tmp_path / f"h{i}")
+        hung.append(spawn(plugins, "ADD", fifo, daemon.env, container_id=f"hang{i}"))
+        releases.append(release)
+    wait_for(lambda: len(daemon.children()) == 3, "three requests running")
+    figures = daemon.status()
+    assert (figures["forked"], figures["spares"]["serving"]) == (2, 3), figures
+    for release in releases:
+        release()
+    for proc in hung:
+        code, out = finish(proc)
+        assert code == 1 and "not a network namespace" in out["msg"]
+    daemon.wait_served(3)
+    wait_for(lambda: daemon.status()["spares"]["warm"] == 3, "the three back as spares")
+    assert len(daemon.named("pycni-spare")) == 3
+    for command in ("ADD", "CHECK", "DEL"):
+        plugins.ok("loopback", command, LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
+    daemon.wait_served(6)
+    assert daemon.status()["forked"] == 2  # the pool served them
+    wait_for(lambda: len(daemon.named("pycni-spare")) == 1, "the pool back to --spares")
+    figures = daemon.status()["spares"]
+    assert (figures["warm"], figures["retired"]) == (1, 2), figures
+
+
+def test_with_the_pool_full_a_request_waits_for_a_spare_then_forks(
+        host, pod, plugins, start_daemon, tmp_path) -> None:
+    """With --max-spares all busy, a request waits for one to come back (a spare is back in
+    milliseconds, a fork costs more CPU) for up to --spare-wait seconds, then forks a child of
+    its own."""
+    daemon = start_daemon(host, "--spares", "1", "--max-spares", "1", "--spare-wait", "600")
+    wait_for(lambda: daemon.status()["spares"]["warm"] == 1, "the spare warm")
+    fifo, release = hang_conf(tmp_path)
+    hung = spawn(plugins, "ADD", fifo, daemon.env)
+    wait_for(lambda: len(daemon.children()) == 1, "the hung request's child")
+    waiting = spawn(plugins, "ADD", pod.path, daemon.env, container_id="waits1")
+    wait_for(lambda: daemon.status()["queued"] == 1, "the request queued for the spare")
+    assert waiting.poll() is None and daemon.status()["forked"] == 0
+    release()
+    assert finish(hung)[0] == 1
+    code, out = finish(waiting)
+    assert code == 0 and out["interfaces"][0]["name"] == "lo", out
+    daemon.wait_served(2)
+    assert daemon.status()["forked"] == 0  # the one spare ran both
+
+    impatient = start_daemon(host, "--spares", "1", "--max-spares", "1", "--spare-wait", "0.2")
+    wait_for(lambda: impatient.status()["spares"]["warm"] == 1, "the spare warm")
+    hung = spawn(plugins, "ADD", fifo, impatient.env)
+    wait_for(lambda: len(impatient.children()) == 1, "the hung request's child")
+    code, out = finish(spawn(plugins, "ADD", pod.path, impatient.env, container_id="forks1"))
+    assert code == 0 and hung.poll() is None  # it did not wait for the hung one
+    assert impatient.status()["forked"] == 1
+    release()
+    assert finish(hung)[0] == 1
+
+
 def test_status_query_finds_no_daemon_without_crashing(tmp_path) -> None:
     assert status.query(str(tmp_path / "none.sock")) is None
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stale:
@@ -841,7 +926,8 @@ def test_doctor_prints_the_daemons_answer_version_and_spares(host, start_daemon,
     assert found["daemon answers"].status == doctor.OK
     assert f"pid {daemon.proc.pid}" in found["daemon answers"].detail
     assert found["daemon version"].detail == __import__("cni").__version__
-    assert found["daemon spares"].detail == "1 configured, 1 warm, 0 serving, 0 retired"
+    assert found["daemon spares"].detail == ("1 configured (up to 8 under load), 1 warm, "
+                                             "0 serving, 0 retired")
     daemon.kill()  # the socket stays, stale: a finding with its fix, no crash
     found = {f.what: f for f in doctor.daemon_findings()}
     sock = found[f"daemon socket {daemon.socket}"]

@@ -180,7 +180,8 @@ def test_spares_serve_pod_after_pod(host: Netns, pod: Netns, plugins: Plugins,
         steps += len(run_chain(plugins, pod, scenario("chain", tmp_path / str(round_)),
                                daemon.env))
     daemon.wait_served(steps)
-    wait_for(lambda: set(daemon.named("pycni-spare")) == spares, "both spares back")
+    # both back (the pool may have grown by a spare for a request that found both busy)
+    wait_for(lambda: spares <= set(daemon.named("pycni-spare")), "both spares back")
     assert NOT_BACK not in daemon.log.read_text()
     assert "spare is back" in daemon.log.read_text()
 

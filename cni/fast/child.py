@@ -1,6 +1,7 @@
 """A forked child of the daemon: takes a request (from the parent's fork, or handed to a warm
 spare over its control socket), becomes the caller (its namespaces, cwd, environment, umask),
-runs skel.run, sends the Reply. A child the parent forked for one request then exits. A spare
+runs skel.run, sends the Reply. A child the parent forked for one request then exits, unless
+it was forked as a spare because every spare was busy (spare_main's `first`). A spare
 goes back to what it was before the request (back_home) and says it is ready again: a process
 that has run a plugin's path before runs it again without the copy-on-write and first-touch
 page faults a fresh fork pays (bridge CHECK ~4-5 ms in a fresh child, ~1.4 in a used one). It
@@ -14,6 +15,8 @@ does. It never returns into the parent's loop."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import gc
 import logging
 import os
@@ -23,12 +26,13 @@ import stat
 import struct
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
 from cni.fast import protocol as proto
 from cni.fast.fds import close_all, fds_from
-from cni.fast.preload import set_environ, warm_requests, warm_up
+from cni.fast.preload import keep_home_sockets, set_environ, warm_requests, warm_up
 from cni.fast.zygote import PR_SET_CHILD_SUBREAPER
 from cni.host import nsfd
 
@@ -44,6 +48,7 @@ _JOB_HEADER = struct.Struct("!Q")
 SPARE_READY = b"W"  # a spare to the parent, with its pid: warm (or back), hand me a request
 _PID = struct.Struct("!I")
 READY_SIZE = len(b"W") + _PID.size
+Job = tuple[socket.socket, bytes, list[int]]  # a request's connection, bytes and fds
 after_reply: Callable[[object], None] | None = None  # told each reply sent (metrics.py)
 
 
@@ -69,7 +74,7 @@ def hand_over(ctl: socket.socket, conn: socket.socket, request: bytes, fds: list
     return True
 
 
-def take_job(ctl: socket.socket) -> tuple[socket.socket, bytes, list[int]] | None:
+def take_job(ctl: socket.socket) -> Job | None:
     data, anc, _, _ = ctl.recvmsg(1 << 16, socket.CMSG_SPACE(4 * (proto.MAX_FDS + 1)))
     fds = fds_from(anc)
     if not data or not fds:
@@ -89,11 +94,13 @@ def take_job(ctl: socket.socket) -> tuple[socket.socket, bytes, list[int]] | Non
 
 
 def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None,
-               warm_netns: int | None = None) -> None:
+               warm_netns: int | None = None, first: Job | None = None) -> None:
     """A spare child: warm up (the copy-on-write and first-use costs), say so, wait, run, and
     again while it can (back_home). Forked by the zygote it warms up at SCHED_IDLE, and leaves
     it before waiting: a request must not run at idle priority (if it cannot, it exits
-    unused)."""
+    unused). With `first`, it was forked for that request while every spare was busy (the
+    pool grows under load, Server._grow): no warm-up, it serves the request at once and joins
+    the pool after it, as a used spare."""
     code = 3
     try:
         gc.disable()
@@ -105,8 +112,11 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None,
         # What a request leaves running (a double-forking IPAM plugin) is re-parented to us,
         # so back_home sees it, kills and reaps it.
         nsfd.libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        warm_up(netlink=False)
-        warm_requests(warm_netns)
+        if first is None:
+            warm_up(netlink=False)
+            warm_requests(warm_netns)
+        else:
+            keep_home_sockets()  # what warm_up keeps: made before Home records the fds
         if warm_netns is not None:
             os.close(warm_netns)  # not for the request's child (a plugin may fork)
         # glibc installs a signal handler of its own (SIGSETXID) at a process's first thread
@@ -114,19 +124,24 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None,
         helper = threading.Thread(target=int)
         helper.start()
         helper.join()
-        home = Home.here()  # still idle: it collects garbage
+        _one_task_left()
+        # (still idle: it collects garbage) Not the first request's fds: it closes them.
+        home = Home.here(() if first is None else (first[0].fileno(), *first[2]))
         if os.sched_getscheduler(0) != os.SCHED_OTHER:
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        job = first
         for served in range(1, MAX_SERVED + 1):
-            try:
-                ctl.sendall(SPARE_READY + _PID.pack(os.getpid()))
-            except OSError:
-                os._exit(0)  # the daemon retired us, or it stopped
-            set_name(SPARE)  # after READY: until the parent has it, our name says DONE
-            job = take_job(ctl)
             if job is None:
-                os._exit(0)
+                try:
+                    ctl.sendall(SPARE_READY + _PID.pack(os.getpid()))
+                except OSError:
+                    os._exit(0)  # the daemon retired us, or it stopped
+                set_name(SPARE)  # after READY: until the parent has it, our name says DONE
+                job = take_job(ctl)
+                if job is None:
+                    os._exit(0)
             conn, data, fds = job
+            job = None
             code = run_request(conn, *proto.decode_request(data), fds, timeout, runner)
             if code != 0 or served == MAX_SERVED or not back_home(home):
                 break
@@ -211,7 +226,7 @@ class Home(NamedTuple):
     signals: dict[str, object]  # handlers, and the kernel's blocked / ignored / caught sets
 
     @classmethod
-    def here(cls) -> Home:
+    def here(cls, request_fds: tuple[int, ...] = ()) -> Home:
         drop_request_state()  # none between requests (warm-ups make none today)
         gc.collect()  # garbage in cycles (the parent's, or a warm-up's) can hold fds: freed
         # now, not by back_home's collect, where they would look closed by the request
@@ -221,7 +236,8 @@ class Home(NamedTuple):
         cwd = os.open(".", flags | os.O_PATH | os.O_DIRECTORY)
         umask = os.umask(0o022)
         os.umask(umask)
-        return cls(net, mnt, cwd, umask, dict(os.environ), open_fds(), frozenset(sys.modules),
+        fds = {fd: what for fd, what in open_fds().items() if fd not in request_fds}
+        return cls(net, mnt, cwd, umask, dict(os.environ), fds, frozenset(sys.modules),
                    signal_state())
 
 
@@ -235,7 +251,7 @@ def back_home(home: Home) -> bool:
     if not _threads_done():  # (setns into a mount namespace needs this thread alone)
         return _not_back("a thread of the request is still running")
     # Home first, unconditionally: until then /proc is the caller's, whatever it says.
-    nsfd.setns(home.mnt, nsfd.CLONE_NEWNS)  # before cwd: it moves the cwd to its root
+    setns_mnt(home.mnt)  # before cwd: it moves the cwd to its root
     nsfd.setns(home.net, nsfd.CLONE_NEWNET)
     os.fchdir(home.cwd)
     os.umask(home.umask)
@@ -368,6 +384,36 @@ def _threads_done() -> bool:
     return threading.active_count() == 1
 
 
+def _one_task_left(limit: float = THREADS_WAIT) -> bool:
+    """Wait until the kernel has this thread alone in the process (read from our own /proc:
+    only where it is ours). Thread.join returns a moment before the joined thread has exited,
+    and setns into a mount namespace refuses (EINVAL) a process whose fs another thread still
+    shares."""
+    deadline = time.monotonic() + limit
+    while len(os.listdir("/proc/self/task")) > 1:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0002)
+    return True
+
+
+def setns_mnt(fd: int) -> None:
+    """setns into the mount namespace `fd`, retried for up to THREADS_WAIT while the kernel
+    refuses it because a thread that has ended still shares our fs (it releases it late in its
+    exit; see _one_task_left). Nothing is read from /proc, which may be the caller's; an fd that
+    is not a mount namespace fails at once."""
+    deadline = time.monotonic() + THREADS_WAIT
+    while True:
+        try:
+            nsfd.setns(fd, nsfd.CLONE_NEWNS)
+            return
+        except OSError as e:
+            if (e.errno != errno.EINVAL or time.monotonic() > deadline
+                    or fcntl.ioctl(fd, nsfd.NS_GET_NSTYPE) != nsfd.CLONE_NEWNS):
+                raise
+        time.sleep(0.0002)
+
+
 def _set_policy(policy: int) -> bool:
     if os.geteuid() != 0:  # back from SCHED_IDLE needs CAP_SYS_NICE: stay as we are
         return False
@@ -387,7 +433,7 @@ def enter_caller(by_role: dict[int, int], env: dict[str, str], umask: int) -> No
     enter_mnt = mnt is not None and not same_ns(mnt, "mnt")
     enter_net = net is not None and not same_ns(net, "net")
     if enter_mnt:
-        nsfd.setns(mnt, nsfd.CLONE_NEWNS)
+        setns_mnt(mnt)
     if enter_net:
         nsfd.setns(net, nsfd.CLONE_NEWNET)
     cwd = by_role.get(proto.ROLE_CWD)

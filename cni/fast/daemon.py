@@ -12,7 +12,9 @@ and warmed ahead by the zygote (zygote.py: a child of the parent at SCHED_IDLE, 
 parent forks only when no spare is ready) and adopted by the parent, a child subreaper. A spare
 serves request after request, up to child.MAX_SERVED, as long as it can show it is back to what
 it was before each (child.back_home: fds, threads, children, namespaces, cwd, umask,
-environment); a used process runs a plugin's path without a fresh fork's page faults.
+environment); a used process runs a plugin's path without a fresh fork's page faults. Under load
+the pool grows (a request forked while every spare is busy stays as a spare, up to
+--max-spares; then requests wait for one, --spare-wait) and shrinks back to --spares when idle.
 
 Listening (listener.py): an inherited socket (systemd socket activation: LISTEN_FDS/LISTEN_PID),
 else a socket it binds itself (default /run/pycni/pycni.sock; directory 0700, socket 0600). Peers
@@ -72,16 +74,28 @@ def run_daemon(opts: Options, runner: Runner | None = None) -> int:
 @click.option("--spares", type=int, default=Options.spares, show_default=True,
               help="Children forked and warmed ahead of requests; each serves request after "
                    "request.")
+@click.option("--max-spares", type=int, default=Options.max_spares, show_default=True,
+              help="Spares at most: while every spare is busy, a request's child stays as one "
+                   "more (unless --spares is 0); those beyond --spares retire after "
+                   "--spare-linger idle seconds.")
+@click.option("--spare-linger", type=float, default=Options.spare_linger, show_default=True,
+              help="Seconds an extra spare stays idle before it retires.")
+@click.option("--spare-wait", type=float, default=Options.spare_wait, show_default=True,
+              help="Seconds a request waits for a busy spare, with --max-spares all busy, "
+                   "before it forks a child of its own.")
 @click.option("--metrics-listen", metavar="HOST:PORT", envvar="PYCNI_METRICS_LISTEN",
               default="", callback=lambda _ctx, _param, value: _listen(value),
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (off by default; "
                    "env PYCNI_METRICS_LISTEN).")
 @click.option("-v", "--verbose", is_flag=True, help="Log every request served.")
 def command(socket_path: str, timeout: float, max_children: int, spares: int,
-            metrics_listen: str, verbose: bool) -> None:
+            max_spares: int, spare_linger: float, spare_wait: float, metrics_listen: str,
+            verbose: bool) -> None:
     """Run the forkserver the plugin executables hand their requests to."""
     raise SystemExit(run_daemon(Options(socket_path=socket_path, timeout=timeout,
                                         max_children=max_children, spares=spares,
+                                        max_spares=max_spares, spare_linger=spare_linger,
+                                        spare_wait=spare_wait,
                                         metrics_listen=metrics_listen, verbose=verbose)))
 
 

@@ -74,7 +74,7 @@ def warm_up(netlink: bool = True) -> None:
     to request (netns.keep_home_socket: made here, before the spare records its fds), and an
     NFTSocket per family its CHECKs ask (nftrecord.keep_home_sockets)."""
     from cni import skel
-    from cni.host import dumps, links, netns, nftrecord, warm
+    from cni.host import dumps, links, netns, warm
     from cni.registry import PLUGINS
 
     for plugin in PLUGINS:
@@ -85,8 +85,7 @@ def warm_up(netlink: bool = True) -> None:
     skel.run("loopback", WARM_UP_ENV, WARM_UP_CONFIG)
     try:
         if not netlink:
-            netns.keep_home_socket()
-            nftrecord.keep_home_sockets()
+            keep_home_sockets()
         with netns.iproute() as ipr:
             if netlink:
                 lo = links.get(ipr, "lo")
@@ -97,6 +96,16 @@ def warm_up(netlink: bool = True) -> None:
             warm.read_replies()
     except Exception as e:  # warming is an optimisation only
         log.debug("warm-up: %s", e)
+
+
+def keep_home_sockets() -> None:
+    """A spare's sockets for its own namespace, kept from request to request: an IPRoute
+    (netns.keep_home_socket) and an NFTSocket per family its CHECKs ask
+    (nftrecord.keep_home_sockets). Made before the spare records its fds."""
+    from cni.host import netns, nftrecord
+
+    netns.keep_home_socket()
+    nftrecord.keep_home_sockets()
 
 
 def private_netns() -> int | None:

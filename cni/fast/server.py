@@ -46,6 +46,14 @@ class Options:
     max_request: int = proto.MAX_REQUEST
     max_children: int = 64  # running at once; more wait in a queue
     spares: int = 2  # children forked and warmed ahead, so a request pays neither; reused
+    # Under load (every spare busy) a request's child becomes a spare too, up to max_spares:
+    # a burst of pods then pays a fork per spare, not per request. The spares beyond `spares`
+    # retire once idle for spare_linger seconds.
+    max_spares: int = 8
+    spare_linger: float = 30.0
+    # With max_spares busy, a request waits this long for one to come back before it forks a
+    # child of its own (a spare is back within milliseconds; a fork costs more CPU than that).
+    spare_wait: float = 0.5
     max_pending: int = 4096  # connections still sending; the oldest go first beyond this
     verbose: bool = False  # log every request served
     metrics_listen: str = ""  # HOST:PORT serving GET /metrics (metrics.py); "" = off
@@ -85,6 +93,7 @@ class Ready:
     key: tuple[str, str] | None  # (container ID, ifname): one request at a time per attachment
     peer: int = 0  # the client's pid
     held: bool = False  # waiting for a request on the same attachment
+    inside_job: bool | None = None  # its caller descends from a running job (_inside_a_job)
     received: float = field(default_factory=time.monotonic)  # complete (metrics' latency)
 
 
@@ -97,6 +106,7 @@ class Spare:
     pid: int = 0  # known once it is ready (the zygote's spares say it then)
     ready: bool = False  # warmed (it said so on ctl): a request handed to it runs at once
     serving: bool = False  # running a request (its Job is in Server.jobs under its pid)
+    idle_since: float = 0.0  # when it last said it is ready
 
 
 @dataclass
@@ -163,12 +173,18 @@ class Server:
                 self.metrics.expire()
             self._start_queued()
             self._refill_spares()
+            self._shrink_spares()
         self._close_listener()
         log.info("pycni daemon %d stopped", os.getpid())
 
     def _next_timeout(self) -> float:
         deadlines = [p.deadline for p in self.pending.values()]
         deadlines += [j.deadline for j in self.jobs.values() if not j.timed_out]
+        # when a request waiting for a spare stops waiting (_waits_for_spare); not those past
+        # it, which wait for their attachment alone (held): they would spin the loop
+        now = time.monotonic()
+        deadlines += [r.received + self.opts.spare_wait for r in self.queue
+                      if r.received + self.opts.spare_wait > now]
         if not deadlines:
             return 5.0
         return max(0.0, min(min(deadlines) - time.monotonic(), 5.0))
@@ -294,7 +310,7 @@ class Server:
                 "answered": self.counts.answered, "forked": self.counts.forked,
                 "running": len(self.jobs), "queued": len(self.queue),
                 "stopping": self.stopping,
-                "spares": {"configured": self.opts.spares,
+                "spares": {"configured": self.opts.spares, "max": self.opts.max_spares,
                            "warm": sum(s.ready and not s.serving for s in spares),
                            "serving": sum(s.serving for s in spares),
                            "retired": self.counts.spares_retired,
@@ -341,9 +357,35 @@ class Server:
                     log.debug("%s waits for the request running on its attachment",
                               ready.label)
                 ready.held = True
+            elif self._waits_for_spare(ready):
+                continue
             else:
                 self.queue.remove(ready)
                 self._start(ready)
+
+    def _waits_for_spare(self, ready: Ready) -> bool:
+        """Whether the request waits for a busy spare to come back rather than fork: every
+        spare is busy, the pool is full, and it has waited less than spare_wait. Never a
+        request from inside a running job (an IPAM plugin that bridge exec'd): that job holds
+        a spare until it is answered."""
+        spares = self.spares.values()
+        if (not self.opts.spares or self._may_grow() or any(s.ready for s in spares)
+                or not any(s.serving for s in spares)
+                or time.monotonic() - ready.received >= self.opts.spare_wait):
+            return False
+        if ready.inside_job is None:
+            ready.inside_job = self._descends_from(ready.peer, self.jobs.keys())
+        return not ready.inside_job
+
+    @staticmethod
+    def _descends_from(pid: int, ancestors) -> bool:
+        for _ in range(64):  # a bounded walk up the parent chain
+            if pid in ancestors:
+                return True
+            pid = parent(pid)
+            if pid <= 1:
+                return False
+        return False
 
     def _nested(self, ready: Ready) -> bool:
         """Whether the request comes from inside a job running on its attachment (bridge
@@ -351,16 +393,9 @@ class Server:
         holding this one until that job ends would deadlock. Its caller is alive (connected)
         and the job unreaped, so neither pid can have been reused."""
         assert ready.key is not None
-        owners = self.busy[ready.key]
-        pid = ready.peer
-        for _ in range(64):  # a bounded walk up the parent chain
-            if pid in owners:
-                log.debug("%s runs nested in its caller's request on the attachment",
-                          ready.label)
-                return True
-            pid = parent(pid)
-            if pid <= 1:
-                return False
+        if self._descends_from(ready.peer, self.busy[ready.key]):
+            log.debug("%s runs nested in its caller's request on the attachment", ready.label)
+            return True
         return False
 
     def _start(self, ready: Ready) -> None:
@@ -374,6 +409,8 @@ class Server:
                 self._started(spare.pid, ready, stdin)
                 return
             self._drop_spare(spare)
+        if self._may_grow() and self._grow(ready, stdin):
+            return
         plugin, env_block, stdin, roles, umask = proto.decode_request(ready.data)
         try:
             pid = os.fork()
@@ -392,6 +429,45 @@ class Server:
         if self.metrics:
             self.metrics.forks.inc()
         self._started(pid, ready, stdin)
+
+    def _may_grow(self) -> bool:
+        """Whether a request with no spare warm gets a new spare (--spares 0: no pool)."""
+        return (self.opts.spares > 0 and not self.stopping
+                and len(self.spares) + self.ordered < self.opts.max_spares)
+
+    def _grow(self, ready: Ready, stdin: bytes) -> bool:
+        """Fork a spare that serves `ready` at once and then stays (child.spare_main with
+        `first`); False if the fork failed (the caller forks a one-request child, or not)."""
+        forked = self._fork()
+        if forked is None:
+            return False
+        pid, end = forked
+        if pid == 0:
+            spare_main(end, self.opts.timeout, self.runner, self.warm_netns,
+                       first=(ready.conn, ready.data, ready.fds))  # never returns
+        own_group(pid)
+        spare = self._add_spare(end)
+        spare.pid, spare.serving = pid, True
+        self.counts.started += 1
+        self.counts.forked += 1
+        if self.metrics:
+            self.metrics.forks.inc()
+        self._started(pid, ready, stdin)
+        return True
+
+    def _shrink_spares(self) -> None:
+        """Retire the spares beyond `spares` that have been idle for spare_linger seconds
+        (the pool grew for a burst that is over), the longest idle first."""
+        extra = len(self.spares) + self.ordered - self.opts.spares
+        if extra <= 0:
+            return
+        since = time.monotonic() - self.opts.spare_linger
+        idle = sorted((s for s in self.spares.values()
+                       if s.ready and not s.serving and s.idle_since <= since),
+                      key=lambda s: s.idle_since)
+        for spare in idle[:extra]:
+            log.debug("spare %d retires: idle for %gs", spare.pid, self.opts.spare_linger)
+            self._drop_spare(spare)
 
     def _started(self, pid: int, ready: Ready, stdin: bytes) -> None:
         close_all(ready.fds)
@@ -457,10 +533,11 @@ class Server:
             own_group(pid)
             self._add_spare(end)
 
-    def _add_spare(self, ctl: socket.socket) -> None:
+    def _add_spare(self, ctl: socket.socket) -> Spare:
         spare = self.spares[ctl.fileno()] = Spare(ctl)
         self.sel.register(ctl, selectors.EVENT_READ,
                           lambda _c, spare=spare: self._spare_says(spare))
+        return spare
 
     def _spare_says(self, spare: Spare) -> None:
         """A spare says when it is warm, with its pid, and again once it has served a request
@@ -482,7 +559,7 @@ class Server:
                 self._finish(job, 0, "the spare is back")
         elif not spare.pid:
             log.debug("spare %d is warm", pid)  # requests from now on skip the fork
-        spare.pid, spare.ready = pid, True
+        spare.pid, spare.ready, spare.idle_since = pid, True, time.monotonic()
         if self.stopping:
             self._drop_spare(spare)
 
