@@ -21,6 +21,7 @@ plain delete would.
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import select
 import socket
@@ -182,7 +183,22 @@ def _announced(watched: list[tuple[socket.socket, int]], answered: int) -> bool:
 def _deleted(data: bytes) -> set[int]:
     """The indexes of the links that RTM_DELLINK messages in `data` announce gone."""
     from pyroute2.netlink.rtnl import RTM_DELLINK
+
+    return {msg["index"] for msg in _dellink_marshal().parse(data)
+            if msg["header"]["type"] == RTM_DELLINK and msg["family"] == AF_UNSPEC}
+
+
+@functools.cache
+def _dellink_marshal():
+    """pyroute2's rtnetlink marshal with RTM_DELLINK alone in its message map: the listener
+    also gets every other link announcement of the namespace (the bridge's own changes, other
+    pods' veths), which it then reads as bare headers instead of decoding each attribute of
+    each (their number and size grow with the pods on the node)."""
+    from pyroute2.netlink.rtnl import RTM_DELLINK
+    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
     from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 
-    return {msg["index"] for msg in MarshalRtnl().parse(data)
-            if msg["header"]["type"] == RTM_DELLINK and msg["family"] == AF_UNSPEC}
+    class DelLinkOnly(MarshalRtnl):
+        msg_map = {RTM_DELLINK: ifinfmsg}
+
+    return DelLinkOnly()
