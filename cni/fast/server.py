@@ -50,7 +50,7 @@ class Options:
     # a burst of pods then pays a fork per spare, not per request. The spares beyond `spares`
     # retire once idle for spare_linger seconds.
     max_spares: int = 8
-    spare_linger: float = 30.0
+    spare_linger: float = 10.0
     # With max_spares busy, a request waits this long for one to come back before it forks a
     # child of its own (a spare is back within milliseconds; a fork costs more CPU than that).
     spare_wait: float = 0.5
@@ -400,7 +400,10 @@ class Server:
 
     def _start(self, ready: Ready) -> None:
         stdin = proto.decode_request(ready.data)[2]
-        for spare in [s for s in self.spares.values() if s.ready]:
+        # The spare back last first: it has the request paths in its pages, and the others go
+        # idle long enough to retire when the pool has grown beyond --spares (_shrink_spares).
+        for spare in sorted((s for s in self.spares.values() if s.ready),
+                            key=lambda s: s.idle_since, reverse=True):
             if hand_over(spare.ctl, ready.conn, ready.data, ready.fds):
                 spare.ready, spare.serving = False, True
                 self.counts.started += 1
@@ -446,6 +449,7 @@ class Server:
             spare_main(end, self.opts.timeout, self.runner, self.warm_netns,
                        first=(ready.conn, ready.data, ready.fds))  # never returns
         own_group(pid)
+        log.debug("%s: every spare busy, forked spare %d for it", ready.label, pid)
         spare = self._add_spare(end)
         spare.pid, spare.serving = pid, True
         self.counts.started += 1
