@@ -2,9 +2,10 @@
 result cache, the host-local stores and the kernel, with orphans flagged both ways. Read-only.
 
 Each kernel and store source is read by the listing its GC judges (`store.reservations`,
-`masq.network_rules` / `instance_of`, `spoofchk.checks`, `hostport.listed` and its records,
-`ifb.marked`), so a piece shown as an orphan is what a GC without that attachment in its valid
-list removes, and a piece shown as owned is what that attachment's DEL removes.
+`masq.network_rules` / `instance_of` / `network_records`, `spoofchk.checks`, `hostport.listed`
+and its records, `ifb.marked`), so a piece shown as an orphan is what a GC without that
+attachment in its valid list removes, and a piece shown as owned is what that attachment's DEL
+removes.
 
 States:
 - ok: cached, its netns is there, every piece its cached config asks for is there;
@@ -44,6 +45,7 @@ class Attachment:
     hostVeth: dict[str, Any] | None = None  # name, present, bridge, qdiscs
     ifb: dict[str, Any] | None = None  # name, qdisc
     masquerade: list[str] = field(default_factory=list)  # masqueraded source addresses
+    masqRecord: bool = False  # its masquerade's record chain (pycni-masq-*, pycni's own)
     hostPort: dict[str, int] | None = None  # rules (DNAT and masquerade), records
     spoofCheck: str | None = None  # the chain cni-br-iface-<ref>
     missing: list[str] = field(default_factory=list)  # pieces a live pod lacks
@@ -58,6 +60,8 @@ class Attachment:
             out.append(f"ifb:{self.ifb['name']}")
         if self.masquerade:
             out.append(f"masq:{len(self.masquerade)}")
+        elif self.masqRecord:
+            out.append("masq-record")  # the record alone: its rules went (the reference's DEL)
         if self.hostPort:
             out.append(f"hostport:{self.hostPort['rules']}")
         if self.spoofCheck:
@@ -168,6 +172,14 @@ class Node:
             for rules in by_instance.values():
                 _, ifname, cid = _named(rules[0])
                 self.find(net, cid or "?", ifname or None).masquerade += map(_saddr, rules)
+            records = masq.network_records(net)
+            for att in [a for a in self.rows.values() if a.network == net]:
+                instance = masq.hash_for_instance(net, att.ifname, att.containerID)
+                if instance in records:
+                    att.masqRecord = True
+                    records.discard(instance)
+            for instance in sorted(records):  # a record no row matches: named by its chain
+                self.row(net, masq.RECORD_PREFIX + instance, "?").masqRecord = True
         self._read_hostports()
         hosts = {a.hostVeth["name"]: a for a in self.rows.values() if a.hostVeth}
         for ref, host_ifname in spoofchk.checks():

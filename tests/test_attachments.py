@@ -104,7 +104,7 @@ def test_pycni_pods_live_stale_half_deleted_and_gc_clears_the_orphans(
         assert [ip.split("/")[0] for ip in row["ips"]] == row["reservations"]
         veth = row["hostVeth"]
         assert veth["present"] and links[veth["name"]]["master"] == "demo0", row
-        assert row["masquerade"] == row["reservations"]
+        assert row["masquerade"] == row["reservations"] and row["masqRecord"]
         assert row["spoofCheck"] == f"cni-br-iface-{cid}-eth0"
     assert sorted(node.masq_sources()) == sorted(r["masquerade"][0] for r in rows.values())
     web_row = rows["web-7f9c2"]
@@ -163,7 +163,7 @@ def test_reference_pods_and_a_half_deleted_one(host: Netns, netns_factory,
         assert (row["state"], row["missing"]) == ("ok", []), row
         assert row["reservations"] == reserved(node, cid) != []
         assert links[row["hostVeth"]["name"]]["master"] == "demo0"
-        assert row["masquerade"] == row["reservations"]
+        assert row["masquerade"] == row["reservations"] and not row["masqRecord"]
         assert row["spoofCheck"] == f"cni-br-iface-{cid}-eth0"
     # The reference writes no record chain: its rules are found by their comment.
     assert rows["refweb-1"]["hostPort"] == {"rules": node.hostport_rules("refweb-1"),
@@ -199,3 +199,32 @@ def test_the_state_a_reboot_leaves(host: Netns, netns_factory, tmp_path: Path) -
     assert rebooted.rows() == {}
     assert sorted(p.name for p in (node.store / "demo").iterdir()) == [
         "last_reserved_ip.0", "lock"]
+
+
+def test_a_masquerade_record_left_alone_is_shown_and_gc_drops_it(host: Netns, netns_factory,
+                                                                 tmp_path: Path) -> None:
+    """pycni's record chain of a masquerade (pycni-masq-*) whose rules are gone, as the
+    reference's DEL leaves it after a swap, and one no attachment names: both shown, the
+    second as an orphan row named by its chain; GC drops the orphan, keeps the valid one."""
+    from cni.host import masq
+
+    node = Node(host, tmp_path)
+    pod = netns_factory("pycni-attpod")
+    node.add(pod, "rec-5e1f")
+    record = masq.record_chain("demo", "eth0", "rec-5e1f")
+    for rule in node.rules("inet", "cni_plugins_masquerade"):
+        if rule["chain"] == "masq_checks" and "rec-5e1f" in str(rule.get("comment")):
+            host.run("nft", "delete", "rule", "inet", "cni_plugins_masquerade", "masq_checks",
+                     "handle", str(rule["handle"]))
+    orphan = masq.RECORD_PREFIX + masq.hash_for_network("demo") + "-" + "0" * 16
+    host.run("nft", "add", "chain", "inet", "cni_plugins_masquerade", orphan)
+    rows = node.rows()
+    row = rows["rec-5e1f"]
+    assert not row["masquerade"] and row["masqRecord"] and "masq-record" in row["owns"], row
+    assert (row["state"], row["missing"]) == ("incomplete", ["masquerade"]), row
+    assert rows[orphan]["state"] == "orphan" and rows[orphan]["owns"] == ["masq-record"]
+    node.pycni("gc", "demo", "--valid-attachments",
+               json.dumps([{"containerID": "rec-5e1f", "ifname": "eth0"}]))
+    chains = host.run("nft", "list", "table", "inet", "cni_plugins_masquerade").stdout
+    assert record in chains and orphan not in chains
+    assert set(node.rows()) == {"rec-5e1f"}

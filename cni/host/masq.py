@@ -175,6 +175,12 @@ def present(network: str, ifname: str, container_id: str) -> list[str]:
     return out
 
 
+def network_records(network: str) -> set[str]:
+    """The instance hashes of the network's record chains (GC drops those not valid)."""
+    prefix = RECORD_PREFIX + hash_for_network(network) + "-"
+    return {c[len(RECORD_PREFIX):] for c in nft.chains(FAMILY, TABLE) if c.startswith(prefix)}
+
+
 def gc(network: str, valid: set[tuple[str, str]]) -> int:
     """Remove the network's rules whose (containerID, ifname) is not in `valid`.
 
@@ -183,11 +189,9 @@ def gc(network: str, valid: set[tuple[str, str]]) -> int:
     tail differs). Legacy (SHA-256) rules of the network are judged the same way."""
     keep = {h for cid, ifname in valid for h in _instance_prefixes(network, ifname, cid)}
     stale = [r for r in network_rules(network) if instance_of(r) not in keep]
-    records = RECORD_PREFIX + hash_for_network(network) + "-"
-    dropped = [c for c in nft.chains(FAMILY, TABLE) if c.startswith(records)
-               and c[len(RECORD_PREFIX):] not in keep]
+    dropped = sorted(network_records(network) - keep)
     script = nft.delete_rules_script(stale) + "".join(
-        nftrecord.drop_script(FAMILY, TABLE, c) for c in dropped)
+        nftrecord.drop_script(FAMILY, TABLE, RECORD_PREFIX + h) for h in dropped)
     if script:
         nft.run(script)
     return len(stale)
