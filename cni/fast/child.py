@@ -124,7 +124,6 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None,
         helper = threading.Thread(target=int)
         helper.start()
         helper.join()
-        _one_task_left()
         # (still idle: it collects garbage) Not the first request's fds: it closes them.
         home = Home.here(() if first is None else (first[0].fileno(), *first[2]))
         if os.sched_getscheduler(0) != os.SCHED_OTHER:
@@ -384,24 +383,12 @@ def _threads_done() -> bool:
     return threading.active_count() == 1
 
 
-def _one_task_left(limit: float = THREADS_WAIT) -> bool:
-    """Wait until the kernel has this thread alone in the process (read from our own /proc:
-    only where it is ours). Thread.join returns a moment before the joined thread has exited,
-    and setns into a mount namespace refuses (EINVAL) a process whose fs another thread still
-    shares."""
-    deadline = time.monotonic() + limit
-    while len(os.listdir("/proc/self/task")) > 1:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.0002)
-    return True
-
-
 def setns_mnt(fd: int) -> None:
     """setns into the mount namespace `fd`, retried for up to THREADS_WAIT while the kernel
-    refuses it because a thread that has ended still shares our fs (it releases it late in its
-    exit; see _one_task_left). Nothing is read from /proc, which may be the caller's; an fd that
-    is not a mount namespace fails at once."""
+    refuses it (EINVAL) because a thread that has ended still shares our fs: Thread.join returns
+    a moment before the thread has exited, and the kernel releases its fs late in the exit (a
+    spare's start-up thread, a DEL's linkgone thread). Nothing is read from /proc, which may be
+    the caller's; an fd that is not a mount namespace fails at once."""
     deadline = time.monotonic() + THREADS_WAIT
     while True:
         try:

@@ -93,7 +93,7 @@ class Ready:
     key: tuple[str, str] | None  # (container ID, ifname): one request at a time per attachment
     peer: int = 0  # the client's pid
     held: bool = False  # waiting for a request on the same attachment
-    inside_job: bool | None = None  # its caller descends from a running job (_inside_a_job)
+    inside_job: bool | None = None  # its caller descends from a running job (_waits_for_spare)
     received: float = field(default_factory=time.monotonic)  # complete (metrics' latency)
 
 
@@ -379,6 +379,7 @@ class Server:
 
     @staticmethod
     def _descends_from(pid: int, ancestors) -> bool:
+        """Whether `pid` or one of its ancestors is in `ancestors` (pids)."""
         for _ in range(64):  # a bounded walk up the parent chain
             if pid in ancestors:
                 return True
