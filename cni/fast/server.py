@@ -428,11 +428,7 @@ class Server:
             run_child(ready.conn, plugin, env_block, stdin, roles, umask, ready.fds,
                       self.opts.timeout, self.runner)  # never returns
         own_group(pid)
-        self.counts.started += 1
-        self.counts.forked += 1
-        if self.metrics:
-            self.metrics.forks.inc()
-        self._started(pid, ready, stdin)
+        self._started_forked(pid, ready, stdin)
 
     def _may_grow(self) -> bool:
         """Whether a request with no spare warm gets a new spare (--spares 0: no pool)."""
@@ -453,12 +449,16 @@ class Server:
         log.debug("%s: every spare busy, forked spare %d for it", ready.label, pid)
         spare = self._add_spare(end)
         spare.pid, spare.serving = pid, True
+        self._started_forked(pid, ready, stdin)
+        return True
+
+    def _started_forked(self, pid: int, ready: Ready, stdin: bytes) -> None:
+        """A request started in a child forked for it (a one-request child or a new spare)."""
         self.counts.started += 1
         self.counts.forked += 1
         if self.metrics:
             self.metrics.forks.inc()
         self._started(pid, ready, stdin)
-        return True
 
     def _shrink_spares(self) -> None:
         """Retire the spares beyond `spares` that have been idle for spare_linger seconds
