@@ -22,15 +22,17 @@ def _err(msg: str) -> HostError:
 
 
 def ensure(name: str, mtu: int = 0, promisc: bool = False,
-           vlan_filtering: bool = False) -> links.Link:
+           vlan_filtering: bool = False) -> tuple[links.Link, bool]:
     """Create the bridge unless it exists (an existing one is kept as it is), then
     promisc if asked, accept_ra=0 (we own its routes) and up. A non-bridge of that name is an
-    error. The common case, a bridge that is there and up, costs one request (a lookup)."""
+    error. The common case, a bridge that is there and up, costs one request (a lookup).
+    Returns the bridge and whether this call created it."""
     from cni.host import netns
 
     with netns.iproute() as ipr:
         br = links.get(ipr, name)
-        if br is None:
+        created = br is None
+        if created:
             _create(ipr, name, mtu, vlan_filtering)
         br = by_name(ipr, name) if br is None or br.kind != "bridge" else br
         if promisc and not br.promisc:
@@ -41,7 +43,7 @@ def ensure(name: str, mtu: int = 0, promisc: bool = False,
             pass  # no IPv6 on this host
         if not br.up:
             links.set_up(ipr, br.index)
-        return br  # read before promisc/up, which change neither its index, MAC nor MTU
+        return br, created  # read before promisc/up: they change neither index, MAC nor MTU
 
 
 def _create(ipr, name: str, mtu: int, vlan_filtering: bool) -> None:

@@ -177,8 +177,8 @@ def add(req: Request) -> Result:
 
 
 def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Result:
-    br = bridge.ensure(conf.bridge, conf.mtu, conf.promiscMode,
-                       vlan_filtering=bool(conf.vlan or conf.vlanTrunk is not None))
+    br, created = bridge.ensure(conf.bridge, conf.mtu, conf.promiscMode,
+                                vlan_filtering=bool(conf.vlan or conf.vlanTrunk is not None))
 
     pair = veth.create(req.netns_target, req.ifname, conf.mtu, conf.mac, master=br.index)
     undo.push("veth", lambda: veth.delete_host_end(pair.host.name))
@@ -239,9 +239,11 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
         with netns.iproute() as ipr:
             host = links.get(ipr, pair.host.name) or pair.host
     # The host end's MAC can change as the port comes up: report it now. The bridge's is
-    # pinned (pin_mac), what it is now.
+    # pinned (pin_mac), but one this ADD created may still be given another address by udev
+    # (systemd's MACAddressPolicy=persistent rewrites a new device's MAC once it has handled
+    # its uevent, which can be after the pin): read again then, as the reference always does.
     result["interfaces"][1]["mac"] = host.mac
-    result["interfaces"][0]["mac"] = bridge_mac
+    result["interfaces"][0]["mac"] = bridge.lookup(br.name).mac if created else bridge_mac
 
     if conf.dns is not None and any(conf.dns.model_dump().values()):
         result["dns"] = conf.dns.model_dump(exclude_defaults=True)
