@@ -160,7 +160,7 @@ def conflist_source(name: str) -> Path:
 
 def render_conflist(src: Path, cni_version: str | None) -> bytes:
     """The conflist as it will be written; with cni_version its cniVersion is rewritten (runtimes
-    built on an older libcni, like containerd 1.6 and podman 4, refuse versions they don't know)."""
+    built on libcni before 1.2, like containerd 1.6 and 1.7 and podman 4, refuse 1.1.0)."""
     raw = src.read_bytes()
     try:
         conf = json.loads(raw)

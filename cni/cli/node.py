@@ -20,7 +20,9 @@ from cni import install as inst
 @click.option("--conflist", default=inst.DEFAULT_CONFLIST, show_default=True,
               help="A conflist from conf/ by name (or a path to one); '' writes none.")
 @click.option("--cni-version", default=None, metavar="VERSION",
-              help="Rewrite the conflist's cniVersion (e.g. 1.0.0 for containerd 1.6, podman 4).")
+              help="Rewrite the conflist's cniVersion: 1.0.0 for containerd 1.6 and 1.7, "
+                   "podman 4; 1.1.0 only for runtimes on libcni 1.2+ (containerd 2.0+, "
+                   "CRI-O 1.33).")
 @click.option("--force", is_flag=True,
               help="Replace different existing files (kept as backups uninstall restores).")
 @click.option("--no-compile", is_flag=True, help="Skip compiling the package's bytecode.")
