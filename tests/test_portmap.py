@@ -462,7 +462,12 @@ def test_add_without_prev_result_is_an_error(plugins, node, host) -> None:
 BAD = [
     ({"backend": "iptables"}, None, 2, "backend"),
     ({"backend": "ebpf"}, None, 7, "backend"),
-    ({"externalSetMarkChain": "KUBE-MARK-MASQ"}, None, 2, "externalSetMarkChain"),
+    ({"externalSetMarkChain": "KUBE MARK; flush ruleset"}, None, 7,
+     'externalSetMarkChain "KUBE MARK; flush ruleset"'),
+    ({"externalSetMarkChain": "-j"}, None, 7, 'externalSetMarkChain "-j"'),
+    ({"externalSetMarkChain": "K" * 29}, None, 7, "externalSetMarkChain"),
+    ({"externalSetMarkChain": 5}, None, 7, "externalSetMarkChain"),
+    ({"externalSetMarkChain": "KUBE-MARK-MASQ", "markMasqBit": 14}, None, 7, "markMasqBit 14"),
     ({"markMasqBit": 32}, None, 7, "markMasqBit"),
     ({"snat": "yes"}, None, 7, "snat"),
     ({}, {"hostPort": 0, "containerPort": 80, "protocol": "tcp"}, 7,

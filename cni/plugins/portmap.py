@@ -11,6 +11,7 @@ re-ADD replaces the container's rules instead of duplicating them, and GC is imp
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -24,6 +25,7 @@ from cni.spec.errors import CNIError, Code, invalid_config, unsupported
 from cni.spec.result import Result
 
 DEFAULT_MARK_BIT = 13  # accepted and validated as in the reference; nftables needs no mark
+_IPTABLES_CHAIN = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,27}")  # XT_EXTENSION_MAXNAMELEN - 1
 _RETRIES = 3  # a batch deleting by handle fails if a concurrent DEL removed the rule first
 
 
@@ -91,7 +93,8 @@ def add(req: Request) -> Result:
 
 
 def delete(req: Request) -> None:
-    parse_config(req, for_del=True)
+    # No config value is read: the rules are found by their owner, so any config, even one ADD
+    # refuses, is deletable (libcni stops a DEL chain at the first error).
     chain = record(req)
     udp = _delete_by_record(chain)
     if udp is None:
@@ -128,7 +131,6 @@ def check(req: Request) -> None:
 def gc(req: Request) -> int:
     """Remove the rules of this network's attachments that are not in the valid list (found by
     their records, see cni.host.hostport), and legacy rules of the network likewise."""
-    parse_config(req, for_del=True)
     valid = skel.valid_attachments(req.config)
     if valid is None:  # libcni's GC without args: stale and live look alike
         req.log("GC without cni.dev/valid-attachments: no rule removed")
@@ -157,16 +159,31 @@ def status(req: Request) -> None:
 
 # --- config -----------------------------------------------------------------------------------
 
-def parse_config(req: Request, for_del: bool = False) -> PortMapConf:
+def parse_config(req: Request) -> PortMapConf:
     conf = parse(PortMapConf, req.config)
-    if conf.externalSetMarkChain is not None:
-        raise unsupported("externalSetMarkChain", conf.externalSetMarkChain,
-                          "iptables backend only; the nftables backend needs no mark chain")
-    if conf.backend == "iptables" and not for_del:  # DEL: nothing of ours can exist, succeed
+    if conf.backend == "iptables":
         raise unsupported("backend", conf.backend, 'only "nftables" is implemented')
     if conf.backend not in ("nftables", "iptables"):
         raise invalid_config("backend", conf.backend, 'must be "nftables" or "iptables"')
+    if conf.externalSetMarkChain is not None:
+        check_mark_chain(req, conf)
     return conf
+
+
+def check_mark_chain(req: Request, conf: PortMapConf) -> None:
+    """externalSetMarkChain (kube-proxy's KUBE-MARK-MASQ in the Kubernetes docs' example) names
+    the iptables chain that marks a connection for kube-proxy's masquerade. Without a backend
+    the reference picks iptables for it; here the nftables rules masquerade hairpin and
+    127.0.0.1 clients themselves (snat), so the chain is validated and never used: it
+    reaches no rule."""
+    chain = conf.externalSetMarkChain
+    if not isinstance(chain, str) or not _IPTABLES_CHAIN.fullmatch(chain):
+        raise invalid_config(keys.written_path(req.config, ["externalSetMarkChain"])[0], chain,
+                             "not an iptables chain name (1-28 of letters, digits, '_', '-', "
+                             "'.', not starting with '-')")
+    if "markMasqBit" in conf.model_fields_set:
+        raise invalid_config("markMasqBit", conf.markMasqBit,
+                             "cannot specify externalSetMarkChain and markMasqBit")
 
 
 def parse_conditions(conf: PortMapConf) -> dict[int, str]:

@@ -36,7 +36,7 @@ from cni.spec import keys
 from cni.spec.errors import CNIError, Code
 
 __all__ = ["DNS", "Field", "Model", "PluginConf", "StrictBool", "StrictInt", "StrictStr",
-           "parse"]
+           "parse", "parse_lenient"]
 
 M = TypeVar("M", bound="Model")
 
@@ -98,6 +98,27 @@ def parse(model: type[M], data: Any, prefix: str = "") -> M:
         return model.model_validate(data)
     except ValidationError as e:
         raise to_cni(e, data, prefix) from None
+
+
+def parse_lenient(model: type[M], data: Any) -> tuple[M, list[str]]:
+    """For DEL (and GC): the model from what validates, each top-level key whose value does not
+    dropped for its default; -> (model, the dropped keys). A config ADD refuses must still be
+    deletable (libcni stops a DEL chain at the first error): DEL finds its objects by container
+    ID and ifname, so a bad value elsewhere must not stop it."""
+    fields = keys.match(data if isinstance(data, dict) else {}, model.model_fields)
+    fields = dict(fields)
+    dropped: list[str] = []
+    while True:
+        try:
+            return model.model_validate(fields), dropped
+        except ValidationError as e:
+            bad = {err["loc"][0] for err in e.errors(include_url=False)
+                   if err["loc"] and err["loc"][0] in fields}
+            if not bad:  # an error of the whole object: every key at its default
+                return model.model_validate({}), dropped + sorted(map(str, fields))
+            for key in bad:
+                del fields[key]
+                dropped.append(str(key))
 
 
 def to_cni(e: ValidationError, data: Any, prefix: str = "") -> CNIError:
