@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 
 from netaddr import IPAddress, IPNetwork, IPRange, IPSet
 
-from cni.spec import names
-from cni.spec.config import DNS, Field, Model, parse
+from cni.spec import keys, names
+from cni.spec.config import DNS, Field, Model, parse, parse_lenient
 from cni.spec.errors import CNIError, Code
 from cni.spec.version import at_least
 
@@ -166,6 +166,17 @@ def load(config: dict[str, Any], version: str, args: list[tuple[str, str]]) -> I
         data_dir=ipam.dataDir or DEFAULT_DATA_DIR, routes=_routes(ipam.routes),
         resolv_conf=ipam.resolvConf, requested=requested,
     )
+
+
+def store_for_del(config: dict[str, Any]) -> tuple[str, str] | None:
+    """(dataDir, network name) of a config `load` refuses, from what validates of it; None when
+    no store of it can exist (no valid name: ADD never made one)."""
+    name = config.get("name")
+    if not isinstance(name, str) or not names.valid_id(name):
+        return None
+    raw = keys.get(config, "ipam")
+    ipam, _ = parse_lenient(IPAMModel, raw if isinstance(raw, dict) else {})
+    return ipam.dataDir or DEFAULT_DATA_DIR, name
 
 
 def _requested(net: NetModel, args: list[tuple[str, str]]) -> list[Address]:

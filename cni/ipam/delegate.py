@@ -39,6 +39,17 @@ def delete(req: Request, ipam_type: str) -> None:
     _invoke(req, ipam_type, "DEL")
 
 
+def delete_lenient(req: Request, ipam_type: Any) -> None:
+    """DEL of a main plugin's IPAM when the config may be one ADD refused: a type that is no
+    plugin name, or no plugin in CNI_PATH, cannot have reserved anything; skip it, say so."""
+    try:
+        find(ipam_type, req.path)
+    except CNIError as e:
+        req.log(f"DEL: IPAM skipped: {e.msg}")
+        return
+    delete(req, ipam_type)
+
+
 def gc(req: Request, ipam_type: str) -> int:
     """-> objects our in-process IPAM's GC removed (0 for an exec'd one: it does not say)."""
     return _invoke(req, ipam_type, "GC", removed=True) or 0

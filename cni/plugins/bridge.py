@@ -27,7 +27,16 @@ from cni.ipam import delegate as ipam
 from cni.plugins.undo import Undo
 from cni.skel import Request, valid_attachments
 from cni.spec import keys, names
-from cni.spec.config import Field, Model, PluginConf, StrictBool, StrictInt, StrictStr, parse
+from cni.spec.config import (
+    Field,
+    Model,
+    PluginConf,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    parse,
+    parse_lenient,
+)
 from cni.spec.errors import CNIError, Code, invalid_config, unsupported
 from cni.spec.result import Result
 
@@ -90,6 +99,20 @@ def load(req: Request, strict: bool = True) -> NetConf:
     if conf.ipMasqBackend not in (None, "nftables"):
         raise invalid_config("ipMasqBackend", conf.ipMasqBackend, "unrecognized ipMasqBackend")
     conf.mac = container_mac(req, conf)
+    return conf
+
+
+def load_for_del(req: Request) -> NetConf:
+    """DEL's config: what validates of it (a key of the wrong type is taken at its default).
+    DEL finds the veth by CNI_IFNAME, the rules by their comment and the reservation by the
+    container ID, so a config ADD refuses still deletes what an earlier ADD made (libcni stops
+    a DEL chain at the first error: a refusing bridge would leak the whole attachment)."""
+    derived = ("mac", "vlans")
+    conf, dropped = parse_lenient(NetConf, {k: v for k, v in req.config.items()
+                                            if not (isinstance(k, str)
+                                                    and keys.fold(k) in derived)})
+    if dropped:
+        req.log(f"DEL: config keys {', '.join(dropped)} ignored (values ADD would refuse)")
     return conf
 
 
@@ -308,7 +331,7 @@ def setup_gateways(conf: NetConf, br: links.Link, gateways: dict[int, list[str]]
 # --- DEL ------------------------------------------------------------------------------------
 
 def delete(req: Request) -> None:
-    conf = load(req, strict=False)
+    conf = load_for_del(req)
     is_layer3 = conf.ipam_type != ""
 
     if req.netns or req.netns_fd is not None:
@@ -318,7 +341,7 @@ def delete(req: Request) -> None:
             pass  # the namespace is gone, and the veth with it
 
     if is_layer3:
-        ipam.delete(req, conf.ipam_type)
+        ipam.delete_lenient(req, conf.ipam_type)
 
     # By comment, so nothing leaks whatever CNI_NETNS was; only an error if the feature is on.
     _teardown(conf.macspoofchk, lambda: spoofchk.teardown(req.container_id, req.ifname,

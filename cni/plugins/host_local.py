@@ -66,8 +66,24 @@ def _owned(store: Store, conf: ipam_config.IPAMConfig, cid: str, ifname: str) ->
 
 
 def delete(req: Request) -> None:
+    """Release the attachment's addresses. A config ADD refuses is still deletable (libcni stops
+    a DEL chain at the first error): the store is found by the network name and dataDir alone,
+    and the reservations by the container ID and ifname."""
     _validate(req)
-    conf = _load(req)
+    try:
+        conf = _load(req)
+    except CNIError as e:
+        store_at = ipam_config.store_for_del(req.config)
+        if store_at is None:
+            req.log(f"DEL: no store to release from ({e.msg})")
+            return
+        req.log(f"DEL: releasing by container ID and ifname; the config is refused: {e.msg}")
+        try:
+            with Store(*store_at) as store:
+                store.release(req.container_id, req.ifname)
+        except StoreError as err:  # a dataDir ADD could not have used either
+            req.log(f"DEL: store {store_at[0]} unusable: {err.msg}")
+        return
     known = [str(ip) for ip in _prev_ips(req, conf)]
     with Store(conf.data_dir, conf.name) as store:
         if not store.release_known(req.container_id, req.ifname, known):
