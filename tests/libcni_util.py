@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 from cnitest import BIN, ROOT, VENV_PY, Netns, delete_netns, new_netns
 
-CNITOOL = ROOT.parent / "shared" / "reference" / "bin" / "cnitool"
+REFERENCE = ROOT.parent / "shared" / "reference" / "bin"  # v1.9.1 plugins, cnitool 1.3
+CNITOOL = REFERENCE / "cnitool"
 PLUGINS = ("bridge", "host-local", "loopback", "portmap", "bandwidth")
 CACHE = Path("/var/lib/cni")
 RECORD_PREFIX = "pycni-att-"  # portmap's per-attachment record chains (cni.host.hostport)
@@ -93,6 +94,7 @@ class Libcni:
     host: Netns
     daemon: Daemon
     home: Path
+    plugins: Path = BIN  # whose executables the wrappers run (the reference's, for an oracle)
 
     def __post_init__(self) -> None:
         self.confdir, self.bindir, self.calls = (self.home / d for d in ("net.d", "bin", "calls"))
@@ -100,7 +102,8 @@ class Libcni:
             d.mkdir(parents=True, exist_ok=True)
         for name in PLUGINS:
             path = self.bindir / name
-            path.write_text(WRAPPER.format(name=name, real=BIN / name, calls=self.calls))
+            path.write_text(WRAPPER.format(name=name, real=self.plugins / name,
+                                          calls=self.calls))
             path.chmod(0o755)
 
     def write(self, conflist: dict[str, Any] | str) -> str:

@@ -21,7 +21,7 @@ from cni.ipam.config import NetModel
 from cni.plugins.bandwidth import BandwidthEntry
 from cni.plugins.bridge import NetConf, VlanTrunk
 from cni.plugins.portmap import PortMapConf
-from cni.spec.config import DNS, Model, parse
+from cni.spec.config import DNS, Model, parse, parse_lenient
 from cni.spec.errors import CNIError
 
 MODELS = (NetConf, PortMapConf, NetModel, BandwidthEntry)
@@ -227,3 +227,19 @@ def test_the_schema_guard_above_can_fail() -> None:
                          "class Late(Model):\n    x: int = 0\nfrom cni.ipam.config import NetModel")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode != 0 and "a schema is being built" in out.stderr
+
+
+def test_lenient_parse_keeps_what_validates_for_del() -> None:
+    """DEL's parse: a key of the wrong type (however cased) falls back to its default, the
+    others are kept; a model-level error (bandwidth's rate without burst) drops its key too."""
+    conf, dropped = parse_lenient(NetConf, {"IPMasq": "yes", "mtu": "x", "bridge": "br9",
+                                            "ipam": {"type": "host-local"}, "custom": 1})
+    assert (conf.ipMasq, conf.mtu, conf.bridge, conf.ipam_type) == (False, 0, "br9",
+                                                                    "host-local")
+    assert sorted(dropped) == ["ipMasq", "mtu"]
+    entry, dropped = parse_lenient(BandwidthEntry, {"ingressRate": 1000, "egressRate": "x",
+                                                    "egressBurst": 8})
+    assert dropped == ["egressRate", "ingressRate", "egressBurst"]  # each error in its turn
+    assert entry.model_dump() == {"ingressRate": 0, "ingressBurst": 0, "egressRate": 0,
+                                  "egressBurst": 0}
+    assert parse_lenient(PortMapConf, "not an object")[0].snat is True

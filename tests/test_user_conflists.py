@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cnitest import Netns
-from libcni_util import Daemon, Libcni, host_leftovers, leftovers, module_daemon
+from cnitest import BIN, Netns
+from libcni_util import REFERENCE, Daemon, Libcni, host_leftovers, leftovers, module_daemon
 from portmap_util import SERVER, Servers, ask
 
 pytestmark = pytest.mark.root
@@ -110,6 +110,8 @@ def test_kubernetes_docs_hostport_example(libcni: Libcni, node: Netns, pod: Netn
     pod_ip = str(pod_ips(result)[4].ip)
     servers.start(pod, "tcp", POD_PORT, "pod")
     assert ask(node, "tcp", NODE[4], HOST_PORT).split()[0] == "pod"
+    localnet = node.run("sysctl", "-n", "net.ipv4.conf.cni0.route_localnet").stdout.strip()
+    assert localnet == "1"  # 127.0.0.1 DNAT'ed to the pod must be routable off lo
     local = ask(node, "tcp", "127.0.0.1", HOST_PORT).split()
     assert local[0] == "pod" and local[1] != "127.0.0.1", local  # masqueraded off lo
     hairpin = ask(pod, "tcp", NODE[4], HOST_PORT).split()
@@ -179,3 +181,50 @@ def test_crio_loopback_conflist(libcni: Libcni, node: Netns, pod: Netns) -> None
     libcni.ok("del", network, pod)
     assert "UP" not in pod.links()["lo"]["flags"]
     assert leftovers(node, pod, network) == [] and host_leftovers(node) == []
+
+
+def shape(result: dict[str, Any]) -> dict[str, Any]:
+    """A result with what differs between two runs (MACs, host veth and ifb names, which
+    address of the range, the netns path) replaced by what it must look like."""
+    def iface(i: dict[str, Any]) -> dict[str, Any]:
+        name = i["name"]
+        for prefix in ("veth", "bwp"):
+            name = prefix + "*" if name.startswith(prefix) else name
+        return {**i, "name": name, "mac": len(i.get("mac", "")),
+                **({"sandbox": "netns"} if "sandbox" in i else {})}
+
+    def ip(entry: dict[str, Any]) -> dict[str, Any]:
+        addr = ipaddress.ip_interface(entry["address"])
+        return {**entry, "address": f"{addr.network}"}
+
+    return {**result, "interfaces": [iface(i) for i in result.get("interfaces", [])],
+            "ips": [ip(e) for e in result.get("ips", [])]}
+
+
+@pytest.mark.parametrize("name,cap", [
+    ("k8s-hostport.conflist", {"portMappings": MAPPINGS}),
+    ("k8s-bandwidth.conflist", {"bandwidth": {"ingressRate": 1_000_000, "ingressBurst": 80_000,
+                                              "egressRate": 1_000_000, "egressBurst": 80_000}}),
+    ("10-containerd-net.conflist", {"portMappings": MAPPINGS}),
+    ("10-crio-bridge.conflist", None),
+    ("11-crio-ipv4-bridge.conflist", None),
+    ("99-loopback.conflist", None)])
+def test_the_reference_gives_the_same_result(node: Netns, daemon: Daemon, netns_factory,
+                                             tmp_path: Path, name: str,
+                                             cap: dict[str, Any] | None) -> None:
+    """The reference v1.9.1 plugins on the same conflist, in the same node, one pod each:
+    the same result JSON but for MACs, generated names and which address of the range."""
+    if "KUBE-MARK-MASQ" in (DATA / name).read_text():  # the reference's iptables jump needs
+        node.run("iptables", "-t", "nat", "-N", "KUBE-MARK-MASQ")  # kube-proxy's chain
+        node.run("iptables", "-t", "nat", "-A", "KUBE-MARK-MASQ", "-j", "MARK", "--or-mark",
+                 "0x4000")
+    results = {}
+    for side, plugins in (("reference", REFERENCE), ("pycni", BIN)):
+        pod = netns_factory("pycni-pod")
+        libcni = Libcni(node, daemon, tmp_path / side, plugins)
+        network = libcni.write((DATA / name).read_text())
+        results[side] = json.loads(libcni.ok("add", network, pod, cap_args=cap))
+        libcni.ok("check", network, pod, cap_args=cap)
+        libcni.ok("del", network, pod, cap_args=cap)
+        assert leftovers(node, pod, network) == []
+    assert shape(results["pycni"]) == shape(results["reference"])
