@@ -52,4 +52,4 @@ install: setup
 	$(PY) -m cni.cli install
 
 clean:
-	rm -rf .venv build *.egg-info
+	rm -rf .venv build dist *.egg-info
