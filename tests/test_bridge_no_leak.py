@@ -59,6 +59,25 @@ def test_no_ipam_from_0_3_0_on_attaches_and_deletes(plugins, host, pod, version)
     assert host_veths(host) == [] and "eth0" not in pod.links()
 
 
+@pytest.mark.parametrize("version", ["0.1.0", "0.2.0"])
+def test_two_addresses_of_a_family_before_0_3_0_leave_nothing(plugins, host, pod, tmp_path,
+                                                              version) -> None:
+    # host-local refuses them (the reference's too, after its bridge made the veth, which it
+    # keeps): the veth is undone, nothing is reserved. One of each family is printed.
+    ranges = [[{"subnet": "10.22.0.0/24"}], [{"subnet": "fd00:22::/64"}],
+              [{"subnet": "10.23.0.0/24"}]]
+    code, out, _ = plugins.exec("bridge", "ADD", conf(tmp_path, version, ranges=ranges),
+                                netns=pod.path, path=ipam_path())
+    assert code == 1 and out["code"] == 7 and f'cniVersion "{version}"' in out["msg"], out
+    assert "more than 1 address per family" in out["msg"]
+    assert reservations(tmp_path) == [] and host_veths(host) == []
+    assert "eth0" not in pod.links()
+    out = plugins.ok("bridge", "ADD", conf(tmp_path, version, ranges=ranges[:2]),
+                     netns=pod.path, path=ipam_path())
+    assert (out["ip4"]["ip"], out["ip6"]["ip"]) == ("10.22.0.2/24", "fd00:22::2/64"), out
+    assert pod.addresses("eth0")[:2] == ["10.22.0.2/24", "fd00:22::2/64"]
+
+
 # An IPAM plugin in CNI_PATH that runs our host-local (so a real reservation is made), then
 # answers ADD with something else; every other verb is host-local's own.
 _UNUSABLE_IPAM = """#!/bin/sh
