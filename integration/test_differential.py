@@ -42,6 +42,11 @@ literal strings in tests/test_parity.py.
   with 8 before the plugin runs; the reference's skel (libcni >= 1.2, not the 1.1.1 oracle)
   checks after cmdAdd/cmdDel, so its refused ADD has already changed the host
   (tests/test_own_netns.py).
+- DELIBERATE a bridge without ipam at cniVersion 0.1.0/0.2.0 is refused (7, naming cniVersion)
+  before anything is made; the reference (v1.9.1 too) makes the veth, fails to print its result
+  (999 "cannot convert: no valid IP addresses") and keeps the veth. An IPAM plugin that
+  succeeded with an answer the bridge cannot use is DELed again (the reference keeps the
+  reservation). tests/test_bridge_no_leak.py.
 - the reference 1.1.1 speaks spec <= 1.0.0, so the conflists here do too.
 """
 

@@ -27,10 +27,21 @@ _MULTICALL = (Path(__file__).resolve().parent.parent.parent / "bin" / "cni-plugi
 
 
 def add(req: Request, ipam_type: str) -> Result:
-    out = _invoke(req, ipam_type, "ADD")
-    if out is None:
-        raise CNIError(Code.INTERNAL, f"IPAM plugin {ipam_type} returned no result")
-    return out
+    """The IPAM plugin's result. When the plugin succeeded (so it may have reserved) but its
+    answer cannot be used, its DEL runs before the error: the caller undoes a reservation only
+    once it holds a result."""
+    stdout = _invoke(req, ipam_type, "ADD")
+    try:
+        if not stdout.strip():
+            raise CNIError(Code.INTERNAL, f"IPAM plugin {ipam_type} returned no result")
+        result, _ = invoke.decode_result(stdout, req.version)
+    except CNIError:
+        try:
+            delete(req, ipam_type)
+        except Exception as e:  # the unusable answer is the error to report
+            req.log(f"releasing the IPAM reservation failed: {e}")
+        raise
+    return result
 
 
 def check(req: Request, ipam_type: str) -> None:
@@ -54,7 +65,8 @@ def delete_lenient(req: Request, ipam_type: Any) -> None:
 
 def gc(req: Request, ipam_type: str) -> int:
     """-> objects our in-process IPAM's GC removed (0 for an exec'd one: it does not say)."""
-    return _invoke(req, ipam_type, "GC", removed=True) or 0
+    removed = _invoke(req, ipam_type, "GC", removed=True)
+    return removed if isinstance(removed, int) else 0
 
 
 def status(req: Request, ipam_type: str) -> None:
@@ -106,10 +118,7 @@ def _invoke(req: Request, ipam_type: str, command: str, removed: bool = False) -
             stdout = invoke.exec_plugin(executable, req.stdin, env, stderr=logged)
         finally:
             _log(req, logged.getvalue())
-    if command != "ADD" or not stdout.strip():
-        return None  # ADD without a result: add() says so
-    result, _ = invoke.decode_result(stdout, req.version)
-    return result
+    return stdout  # add() decodes ADD's; the other verbs print nothing we read
 
 
 def _log(req: Request, text: str) -> None:

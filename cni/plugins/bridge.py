@@ -5,6 +5,8 @@ kernel work is in cni.host.*. Masquerade and spoof-check rules carry the referen
 (cni.host.masq, cni.host.spoofchk), so either side's DEL and GC clean the other's attachments.
 Differences from the reference, all deliberate:
 - a failed ADD undoes what it did (IPAM reservation, veth, spoof check and masquerade rules);
+  an ADD whose result the config's cniVersion cannot carry (no ipam before 0.3.0) is refused
+  before anything is made, where the reference makes the veth and then fails to print;
 - DEL removes this attachment's masquerade / spoof-check rules by their comment even when
   CNI_NETNS is empty or gone (reference #810), and tolerates configs ADD would refuse;
 - the bridge MAC is pinned on every ADD (after the port joins), not only with isGateway (#805);
@@ -25,8 +27,9 @@ from cni.host import addrs, bridge, links, masq, netns, peer, routes, spoofchk, 
 from cni.host.errors import HostError, NamespaceMissing
 from cni.ipam import delegate as ipam
 from cni.plugins.undo import Undo
-from cni.skel import Request, valid_attachments
+from cni.skel import Request, require_printable, valid_attachments
 from cni.spec import keys, names
+from cni.spec import version as versions
 from cni.spec.config import (
     Field,
     Model,
@@ -180,6 +183,13 @@ def add(req: Request) -> Result:
     if is_layer3 and conf.disableContainerInterface:
         raise invalid_config("disableContainerInterface", True,
                              "cannot use IPAM when DisableContainerInterface flag is set")
+    if not is_layer3 and not versions.at_least(req.version, "0.3.0"):
+        # A result before 0.3.0 is its IP addresses: skel could not print this one, and only
+        # after the veth exists (the reference leaves its veth behind that way).
+        raise invalid_config("cniVersion", req.version,
+                             "cannot convert: no valid IP addresses (a bridge without ipam has "
+                             "none, and a result before 0.3.0 is only IP addresses); use "
+                             "cniVersion 0.3.0 or later, or set ipam")
     if conf.isDefaultGateway:
         conf.isGateway = True
     if conf.hairpinMode and conf.promiscMode:
@@ -196,7 +206,9 @@ def add(req: Request) -> Result:
                            "(letters, digits, '_', '.', '-'; comment at most 128 bytes)") from None
 
     with Undo(req) as undo:
-        return _add_steps(req, conf, is_layer3, undo)
+        result = _add_steps(req, conf, is_layer3, undo)
+        require_printable(result, req.version)  # skel prints it after the undo is gone
+        return result
 
 
 def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Result:
