@@ -7,7 +7,10 @@ bin/cni-plugin rewritten for its new home: its first line runs the venv interpre
 (`#!<venv python> -IS`: no sh trampoline, no /usr/bin/env) and its root line is absolute; the
 marker line stays so bridge still recognises our host-local and runs it in-process.
 
-Everything written (and every file it replaced with --force, kept as a backup) is recorded in a
+Every file is written under a temporary name in its dir, fsynced and renamed over the path (a
+symlink made under a temporary name, then renamed): a runtime exec'ing a plugin during an install
+or an upgrade finds the old file or the new one, never a missing or partial one. Everything
+written (and every file it replaced with --force, kept as a backup) is recorded in a
 manifest in the bin dir, so uninstall removes exactly that, restores what was replaced, and leaves
 anything else (another vendor's plugin, a file an admin edited since) alone.
 
@@ -15,6 +18,8 @@ On a systemd host (as sd_booted() tells: /run/systemd/system is a directory) ins
 conf/pycni.socket and conf/pycni.service into /etc/systemd/system, the service's ExecStart being
 this venv's `pycni daemon`, and enables the socket: the first plugin call starts the daemon, so a
 node is fast by default. `--no-systemd` or PYCNI_SYSTEMD=0 opts out; uninstall disables them.
+With the units, a running daemon restarts (try-restart); without, a daemon of another version
+answering on the socket (PYCNI_SOCKET) hands over to one running this (cni/fast/handover.py).
 """
 
 from __future__ import annotations
@@ -268,7 +273,21 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
         _systemctl("enable", "--now", "pycni.socket")
         _systemctl("try-restart", "pycni.service")  # a running daemon takes up the new code
         done.append("enabled pycni.socket (the first plugin call starts pycni.service)")
+    else:
+        done.append(_daemon_takes_up_new_code())
     return done
+
+
+def _daemon_takes_up_new_code() -> str:
+    """A daemon running another version hands over to one running this (cni.fast.handover)."""
+    from cni import __version__
+    from cni.fast import handover
+
+    try:
+        return handover.upgrade(__version__)
+    except handover.HandoverError as e:
+        raise InstallError(f"installed, but the running daemon still runs other code: {e}") \
+            from None
 
 
 def uninstall(bin_dir: Path = DEFAULT_BIN) -> list[str]:
@@ -336,7 +355,10 @@ def _keep_backup(bin_dir: Path, path: Path) -> str:
     while dest.exists() or dest.is_symlink():
         n += 1
         dest = base.with_name(f"{base.name}.{n}")
-    os.replace(path, dest)
+    try:  # a second name: the path keeps the old file until the new one is renamed over it
+        os.link(path, dest, follow_symlinks=False)
+    except OSError:
+        os.replace(path, dest)  # a directory, or a filesystem without hard links
     return str(dest)
 
 

@@ -34,6 +34,12 @@ def snapshot(*dirs: Path) -> dict[str, tuple]:
     return out
 
 
+@pytest.fixture(autouse=True)
+def no_daemon(tmp_path: Path, monkeypatch) -> None:
+    """Install asks a running daemon of another version to hand over: never the machine's."""
+    monkeypatch.setenv("PYCNI_SOCKET", str(tmp_path / "no-daemon.sock"))
+
+
 @pytest.fixture
 def dirs(tmp_path: Path) -> tuple[Path, Path, Path]:
     bin_dir, conf_dir = tmp_path / "opt" / "cni" / "bin", tmp_path / "etc" / "cni" / "net.d"
@@ -127,6 +133,37 @@ def test_force_keeps_backups_that_uninstall_restores(dirs) -> None:
     assert not list(conf_dir.glob(".*"))  # backups never go where a runtime reads conflists
     inst.uninstall(bin_dir)
     assert snapshot(bin_dir, conf_dir) == before
+
+
+def test_no_path_is_ever_missing_while_install_replaces_it(dirs, monkeypatch) -> None:
+    """A runtime exec'ing a plugin meanwhile must find the old file or the new one: each file
+    is renamed over its path, a replaced one kept as a backup under a second name first."""
+    bin_dir, conf_dir, src = dirs
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "bridge").write_bytes(b"\x7fELF reference bridge")
+    (bin_dir / inst.MULTICALL).write_bytes(b"#!/bin/sh\nsomeone else's\n")
+    there_before: dict[str, bool] = {}
+    write, symlink = inst._atomic_write, inst._atomic_symlink
+
+    def watched(replace):
+        def wrapper(path: Path, *args) -> None:
+            there_before[path.name] = path.exists() or path.is_symlink()
+            replace(path, *args)
+        return wrapper
+    monkeypatch.setattr(inst, "_atomic_write", watched(write))
+    monkeypatch.setattr(inst, "_atomic_symlink", watched(symlink))
+    inst.install(bin_dir, conf_dir, str(src), force=True, compile_bytecode=False)
+    assert there_before[inst.MULTICALL] and there_before["bridge"], there_before
+    backups = sorted(p.name for p in (bin_dir / inst.BACKUPS).iterdir())
+    assert len(backups) == 2, backups
+    assert not list(bin_dir.glob(".pycni-tmp-*"))
+    # an upgrade over its own install: nothing is a backup, every path still replaced in place
+    there_before.clear()
+    inst.install(bin_dir, conf_dir, str(src), force=True, compile_bytecode=False)
+    assert all(there_before.values()) and there_before, there_before
+    assert sorted(p.name for p in (bin_dir / inst.BACKUPS).iterdir()) == backups
+    inst.uninstall(bin_dir)
+    assert (bin_dir / "bridge").read_bytes() == b"\x7fELF reference bridge"
 
 
 def test_uninstall_leaves_what_was_changed_since(dirs) -> None:
