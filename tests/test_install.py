@@ -204,6 +204,40 @@ def test_no_path_is_ever_missing_while_install_replaces_it(dirs, monkeypatch) ->
     assert (bin_dir / "bridge").read_bytes() == b"\x7fELF reference bridge"
 
 
+def test_from_a_wheel_the_plugins_run_a_copy_pip_never_changes(dirs, monkeypatch) -> None:
+    """Installed in site-packages (here: the checkout taken for one), the executables import a
+    copy of the package made by install (pip upgrades site-packages in place, file by file);
+    each version's copy stays while the executable of the next still may be running it."""
+    bin_dir, conf_dir, src = dirs
+    sites = inst.site_dirs(inst.venv_python())
+    monkeypatch.setattr(inst, "site_dirs", lambda _python: [str(ROOT), *sites])
+    lib_dir = bin_dir / ".pycni-lib"
+    libs = []
+    for version in ("1.0.0", "1.0.1", "1.0.2"):
+        monkeypatch.setattr(inst, "__version__", version)
+        inst.install(bin_dir, conf_dir, str(src), force=True, compile_bytecode=False)
+        [lib] = [d for d in lib_dir.iterdir() if d.name.startswith(version + "-")]
+        libs.append(lib)
+        text = (bin_dir / inst.MULTICALL).read_text()
+        assert f"_root = {str(lib)!r}  # pycni:root" in text
+        assert "sys.path.insert(0, _root)  # pycni:path" in text
+        assert (lib / "cni" / "skel.py").read_bytes() == (ROOT / "cni" / "skel.py").read_bytes()
+        assert list((lib / "cni" / "__pycache__").glob("skel.*.pyc"))  # compiled
+        assert not list(lib_dir.glob(".tmp-*"))
+        # this one and the one the replaced executable ran: execs may still be running it
+        assert sorted(lib_dir.iterdir()) == libs[-2:]
+    proc = subprocess.run([str(bin_dir / "bridge")], input=b'{"cniVersion": "1.0.0"}',
+                          env={"CNI_COMMAND": "VERSION"}, capture_output=True, cwd="/")
+    assert proc.returncode == 0 and b'"supportedVersions"' in proc.stdout, proc.stderr
+    probe = "import cni, sys; print(cni.__file__)"
+    body = (bin_dir / inst.MULTICALL).read_text().split("from cni.fast.main")[0]
+    where = subprocess.run([inst.venv_python(), "-IS", "-c", body + probe],
+                           capture_output=True, text=True, cwd="/")
+    assert where.stdout.strip() == str(libs[-1] / "cni" / "__init__.py"), where.stderr
+    inst.uninstall(bin_dir)
+    assert not bin_dir.exists()
+
+
 def test_uninstall_leaves_what_was_changed_since(dirs) -> None:
     bin_dir, conf_dir, src = dirs
     inst.install(bin_dir, conf_dir, str(src), compile_bytecode=False)
