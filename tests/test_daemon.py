@@ -516,7 +516,8 @@ def test_handover_to_a_successor_loses_no_request(host, pod, plugins, start_daem
     """What `pycni install` asks of a daemon of another version (no systemd): a successor from
     its own command line takes the socket; requests all along go through one or the other, the
     old one finishes what it runs, and the socket file is the successor's afterwards."""
-    daemon = start_daemon(host)
+    metrics = "127.0.0.1:19311"  # the successor serves it too: both listen meanwhile
+    daemon = start_daemon(host, "--metrics-listen", metrics)
     old = daemon.status()
     fifo, release = hang_conf(tmp_path)
     running = spawn(plugins, "CHECK", fifo, daemon.env)
@@ -549,6 +550,8 @@ def test_handover_to_a_successor_loses_no_request(host, pod, plugins, start_daem
         assert daemon.socket.exists()  # the old one left it to the successor
         plugins.ok("loopback", "CHECK", LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
         wait_for(lambda: daemon.served() == len(results) + 2, "every request logged")
+        scrape = host.run("curl", "-sS", "--max-time", "10", f"http://{metrics}/metrics")
+        assert "pycni_spares_warm" in scrape.stdout  # from the successor, the old one is gone
         os.kill(successor, signal.SIGTERM)
         wait_for(lambda: gone(successor), "the successor to stop")
         assert not daemon.socket.exists()  # its own now: removed at its exit
