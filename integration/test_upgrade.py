@@ -41,7 +41,7 @@ from cni.fast import status
 
 pytestmark = pytest.mark.root
 
-CHURN_MAX = 40  # pod cycles at most; the churn stops earlier once the upgrade is well behind it
+CHURN_MAX = 120  # pod cycles at most; the churn stops earlier once the upgrade is well behind it
 AFTER_UPGRADE = 3  # cycles the churn must complete after `pycni install` returned
 CHAIN = 3  # bridge, portmap, bandwidth (CRI adds loopback itself)
 
