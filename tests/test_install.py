@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -234,6 +235,11 @@ def test_from_a_wheel_the_plugins_run_a_copy_pip_never_changes(dirs, monkeypatch
     where = subprocess.run([inst.venv_python(), "-IS", "-c", body + probe],
                            capture_output=True, text=True, cwd="/")
     assert where.stdout.strip() == str(libs[-1] / "cni" / "__init__.py"), where.stderr
+    [found] = doctor.install_findings(bin_dir, conf_dir)[:1]
+    assert found.status == doctor.OK and str(libs[-1]) in found.detail, found
+    shutil.rmtree(libs[-1])  # someone cleaned the bin dir's hidden files: doctor says so
+    [found] = doctor.install_findings(bin_dir, conf_dir)[:1]
+    assert found.status == doctor.FAIL and "pycni install --force" in found.fix, found
     inst.uninstall(bin_dir)
     assert not bin_dir.exists()
 
