@@ -205,7 +205,10 @@ def request(socket_path: str | None = None, timeout: float = READY_TIMEOUT + 30)
     if not isinstance(reply, dict):
         raise HandoverError(f"not an answer to a handover: {out[:200]!r}")
     if code != 0:
-        raise HandoverError(str(reply.get("msg", reply)))  # an older daemon: not a request
+        msg = str(reply.get("msg", reply))
+        if "not a pycni request" in msg:  # a daemon from before handovers
+            msg += " (a daemon too old to hand over: restart it)"
+        raise HandoverError(msg)
     return reply
 
 
