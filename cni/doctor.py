@@ -328,8 +328,13 @@ def install_findings(bin_dir: Path, conf_dir: Path) -> list[Finding]:
             out.append(Finding(FAIL, f"install in {bin_dir}",
                                f"interpreter {manifest.python} is gone",
                                f"{REINSTALL}, then pycni install again"))
+        elif manifest.lib and not Path(manifest.lib, "cni").is_dir():
+            out.append(Finding(FAIL, f"install in {bin_dir}",
+                               f"the package copy the plugins run, {manifest.lib}, is gone",
+                               "pycni install --force"))
         else:
-            out.append(Finding(OK, f"install in {bin_dir}", f"runs {manifest.python}"))
+            copy = f", the package from {manifest.lib}" if manifest.lib else ""
+            out.append(Finding(OK, f"install in {bin_dir}", f"runs {manifest.python}{copy}"))
     out += _conflist_findings(bin_dir, conf_dir)
     return out
 

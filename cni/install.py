@@ -6,11 +6,15 @@ it for each plugin name, and a conflist from conf/ into the conf dir. Both come 
 data (cni/data: links to the checkout's bin/cni-plugin and conf/, copied into the wheel), so any
 installed copy can install: a wheel in a venv, pipx, a checkout. The executable is rewritten for
 its new home: its first line runs the venv interpreter directly (`#!<venv python> -IS`: no sh
-trampoline, no /usr/bin/env), its root line names the dir the `cni` package is in (the checkout,
-or site-packages), and its path lines name where the dependencies are; the marker line stays so
-bridge still recognises our host-local and runs it in-process.
+trampoline, no /usr/bin/env), its root line names the dir the `cni` package is in (the checkout;
+installed from a wheel, a copy of the package made in the bin dir, cni/plugin_lib.py, because pip
+upgrades site-packages in place), and its path lines name where the dependencies are; the marker
+line stays so bridge still recognises our host-local and runs it in-process.
 
-Everything written (and every file it replaced with --force, kept as a backup) is recorded in a
+Every file is written under a temporary name in its dir, fsynced and renamed over the path (a
+symlink made under a temporary name, then renamed): a runtime exec'ing a plugin during an install
+or an upgrade finds the old file or the new one, never a missing or partial one. Everything
+written (and every file it replaced with --force, kept as a backup) is recorded in a
 manifest in the bin dir, so uninstall removes exactly that, restores what was replaced, and leaves
 anything else (another vendor's plugin, a file an admin edited since) alone.
 
@@ -18,6 +22,8 @@ On a systemd host (as sd_booted() tells: /run/systemd/system is a directory) ins
 conf/pycni.socket and conf/pycni.service into /etc/systemd/system, the service's ExecStart being
 this venv's `pycni daemon`, and enables the socket: the first plugin call starts the daemon, so a
 node is fast by default. `--no-systemd` or PYCNI_SYSTEMD=0 opts out; uninstall disables them.
+With the units, a running daemon restarts (try-restart); without, a daemon of another version
+answering on the socket (PYCNI_SOCKET) hands over to one running this (cni/fast/handover.py).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-from cni import registry
+from cni import __version__, plugin_lib, registry
 
 ROOT = Path(__file__).resolve().parent.parent  # the dir `cni` is in: a checkout or site-packages
 PACKAGE = ROOT / "cni"
@@ -85,6 +91,7 @@ class Manifest:
     entries: list[Entry] = field(default_factory=list)
     created_dirs: list[str] = field(default_factory=list)
     systemd: bool = False  # units were installed and enabled: uninstall disables them
+    lib: str = ""  # the copy of the package the executables run (plugin_lib), if installed
 
     @classmethod
     def load(cls, bin_dir: Path) -> Manifest | None:
@@ -95,12 +102,12 @@ class Manifest:
         return cls(bin_dir=raw["bin_dir"], root=raw.get("root", ""), python=raw.get("python", ""),
                    entries=[Entry(**e) for e in raw.get("entries", [])],
                    created_dirs=list(raw.get("created_dirs", [])),
-                   systemd=bool(raw.get("systemd", False)))
+                   systemd=bool(raw.get("systemd", False)), lib=raw.get("lib", ""))
 
     def save(self) -> None:
         data = {"bin_dir": self.bin_dir, "root": self.root, "python": self.python,
                 "entries": [vars(e) for e in self.entries], "created_dirs": self.created_dirs,
-                "systemd": self.systemd}
+                "systemd": self.systemd, "lib": self.lib}
         _atomic_write(Path(self.bin_dir) / MANIFEST, json.dumps(data, indent=2).encode() + b"\n",
                       0o644)
 
@@ -162,7 +169,7 @@ def render_multicall(python: Path, root: Path, source: str | None = None,
         raise InstallError(f"interpreter path {python} cannot go in a #! line "
                            f"(too long or has spaces): move the project to a shorter path")
     sites = site_dirs(python) if sites is None else sites
-    in_site = any(os.path.realpath(d) == os.path.realpath(root) for d in sites)
+    in_site = _in_site(root, sites)
     paths = ([] if in_site else ["sys.path.insert(0, _root)"]) + [
         f"sys.path.append({d!r})" for d in sites]
     out = [shebang]
@@ -184,6 +191,10 @@ def render_multicall(python: Path, root: Path, source: str | None = None,
         raise InstallError(f"{SOURCE} lacks the {MARKER!r} marker or the {ROOT_TAG!r} or "
                            f"{PATH_TAG!r} lines")
     return body.encode()
+
+
+def _in_site(root: Path, sites: list[str]) -> bool:
+    return any(os.path.realpath(d) == os.path.realpath(root) for d in sites)
 
 
 def conflist_source(name: str) -> Path | Traversable:
@@ -248,9 +259,10 @@ def render_unit(name: str, python: Path) -> bytes:
 
 def plan(bin_dir: Path, conf_dir: Path | None, conflist: str | None,
          cni_version: str | None = None, python: Path | None = None,
-         units_dir: Path | None = None) -> list[Planned]:
+         units_dir: Path | None = None, root: Path = ROOT,
+         sites: list[str] | None = None) -> list[Planned]:
     python = python or venv_python()
-    items = [Planned(bin_dir / MULTICALL, "file", render_multicall(python, ROOT))]
+    items = [Planned(bin_dir / MULTICALL, "file", render_multicall(python, root, sites=sites))]
     items += [Planned(bin_dir / name, "symlink", target=MULTICALL) for name in registry.NAMES]
     if conf_dir is not None and conflist:
         src = conflist_source(conflist)
@@ -271,7 +283,11 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
     units_dir (see systemd_dir) the daemon's units go there and the socket is enabled."""
     bin_dir, conf_dir = bin_dir.absolute(), conf_dir.absolute() if conf_dir else None
     python = venv_python()
-    items = plan(bin_dir, conf_dir, conflist, cni_version, python, units_dir)
+    sites = site_dirs(python)
+    # Installed from a wheel, the executables run a copy pip never changes (plugin_lib).
+    lib = plugin_lib.path_for(bin_dir, PACKAGE, __version__) if _in_site(ROOT, sites) else None
+    items = plan(bin_dir, conf_dir, conflist, cni_version, python, units_dir,
+                 root=lib or ROOT, sites=sites)
     old = Manifest.load(bin_dir)
     conflicts = [it.path for it in items
                  if (it.path.exists() or it.path.is_symlink()) and not it.same_as_disk()
@@ -285,6 +301,11 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
     for d in filter(None, (bin_dir, conf_dir, units_dir)):
         manifest.created_dirs += [str(p) for p in _make_dirs(d)]
     done = []
+    if lib is not None:
+        if plugin_lib.make(lib, PACKAGE, python):
+            done.append(f"copied {PACKAGE} to {lib} (what the plugins run)")
+        previous, manifest.lib = manifest.lib, str(lib)
+        manifest.save()
     for it in items:
         entry = manifest.find(it.path)
         if entry is None and it.same_as_disk():
@@ -305,6 +326,8 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
         done.append(f"wrote {it.path}")
         manifest.save()  # after each file: an interrupted install can still be uninstalled
     manifest.save()
+    if lib is not None:  # execs still running the replaced executable may need its copy
+        done += [f"removed {d}" for d in plugin_lib.prune(lib.parent, {str(lib), previous})]
     if compile_bytecode:
         compile_package(python)
         done.append(f"compiled bytecode of {PACKAGE}")
@@ -315,7 +338,20 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
         _systemctl("enable", "--now", "pycni.socket")
         _systemctl("try-restart", "pycni.service")  # a running daemon takes up the new code
         done.append("enabled pycni.socket (the first plugin call starts pycni.service)")
+    else:
+        done.append(_daemon_takes_up_new_code())
     return done
+
+
+def _daemon_takes_up_new_code() -> str:
+    """A daemon running another version hands over to one running this (cni.fast.handover)."""
+    from cni.fast import handover
+
+    try:
+        return handover.upgrade(__version__)
+    except handover.HandoverError as e:
+        raise InstallError(f"installed, but the running daemon still runs other code: {e}") \
+            from None
 
 
 def uninstall(bin_dir: Path = DEFAULT_BIN) -> list[str]:
@@ -341,6 +377,8 @@ def uninstall(bin_dir: Path = DEFAULT_BIN) -> list[str]:
             done.append(f"restored {path} from {e.backup}")
     if manifest.systemd:
         _systemctl("daemon-reload", check=False)
+    if manifest.lib:
+        done += [f"removed {d}" for d in plugin_lib.remove(bin_dir / plugin_lib.LIB)]
     (bin_dir / MANIFEST).unlink()
     backups = bin_dir / BACKUPS
     if backups.is_dir() and not any(backups.iterdir()):
@@ -383,7 +421,10 @@ def _keep_backup(bin_dir: Path, path: Path) -> str:
     while dest.exists() or dest.is_symlink():
         n += 1
         dest = base.with_name(f"{base.name}.{n}")
-    os.replace(path, dest)
+    try:  # a second name: the path keeps the old file until the new one is renamed over it
+        os.link(path, dest, follow_symlinks=False)
+    except OSError:
+        os.replace(path, dest)  # a directory, or a filesystem without hard links
     return str(dest)
 
 

@@ -95,9 +95,10 @@ class CRINode:
 
 @contextlib.contextmanager
 def cri_node(node_netns: Netns, tmp_path: Path, *, bin_dir: Path, conf_dir: Path,
-             images: list[Path], daemon: bool) -> Iterator[CRINode]:
+             images: list[Path], daemon: bool, pycni: Path | None = None) -> Iterator[CRINode]:
     """The node (with NODE_ADDR, NODE_ADDR6 on its lo), containerd with CRI on bin_dir and
-    conf_dir (with `pycni daemon` on and in containerd's environment if asked), the images
+    conf_dir (with `pycni daemon` on and in containerd's environment if asked: the checkout's,
+    or the given `pycni` executable's, an installed wheel's), the images
     imported and seen by CRI; everything stopped at exit, pods removed through CRI first."""
     from cri.client import CRIClient
 
@@ -106,7 +107,7 @@ def cri_node(node_netns: Netns, tmp_path: Path, *, bin_dir: Path, conf_dir: Path
     state = tmp_path / "var-lib-cni"  # the node's /var/lib/cni
     node = Node(node_netns.name, bin_dir=bin_dir, conf_dir=conf_dir, state_dir=state)
     with cleanup(node.stop), cgroup_parent() as cgroup:
-        pycni_d = PycniDaemon(node, tmp_path / "daemon") if daemon else None
+        pycni_d = PycniDaemon(node, tmp_path / "daemon", pycni) if daemon else None
         ctrd = CRIContainerd(node, tmp_path / "containerd", cni_bin=bin_dir, cni_conf=conf_dir,
                              sandbox_image=PAUSE_IMAGE, env=pycni_d.env if pycni_d else None)
         with cleanup(ctrd.stop, *([pycni_d.stop] if pycni_d else [])):

@@ -93,8 +93,14 @@ def test_install_and_uninstall_from_the_wheel(venv, tmp_path) -> None:
              "--systemd-dir", units, cwd=tmp_path, env=env)
     multicall = (bin_dir / "pycni-plugin").read_text().splitlines()
     assert multicall[0].startswith(f"#!{venv.path}/bin/python") and multicall[0].endswith(" -IS")
-    assert f"_root = {str(site)!r}  # pycni:root" in multicall
+    # the package's copy install made (cni.plugin_lib: pip upgrades site-packages in place),
+    # then the venv's site-packages for the dependencies
+    [lib] = (bin_dir / ".pycni-lib").iterdir()
+    assert lib.name.startswith(f"{cni.__version__}-")
+    assert (lib / "cni" / "skel.py").read_bytes() == (site / "cni" / "skel.py").read_bytes()
+    assert f"_root = {str(lib)!r}  # pycni:root" in multicall
     assert [line for line in multicall if line.startswith("sys.path")] == [
+        "sys.path.insert(0, _root)  # pycni:path",
         f"sys.path.append({str(site)!r})  # pycni:path"]
     assert (conf_dir / "10-pycni.conflist").read_bytes() == \
         (ROOT / "conf" / "10-pycni.conflist").read_bytes()

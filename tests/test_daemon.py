@@ -28,8 +28,8 @@ import pytest
 from cnitest import BIN, ROOT, VENV_PY, Netns, Plugins
 from test_shim import EXPENSIVE, assert_stdlib_only
 
+from cni.fast import handover, status
 from cni.fast import protocol as proto
-from cni.fast import status
 
 pytestmark = pytest.mark.root
 NO_DAEMON = {"PYCNI_SOCKET": "/nonexistent/pycni.sock"}
@@ -468,6 +468,120 @@ def test_sigterm_finishes_running_requests_and_new_ones_run_in_process(
     assert daemon.served() == 1
 
 
+def test_sigterm_runs_the_requests_it_accepted(host, pod, plugins, start_daemon,
+                                               tmp_path) -> None:
+    """systemctl restart: a request the daemon accepted but had not started yet (it waits for
+    the one running on its attachment) still runs there; dropped, its shim (fallback off) would
+    fail it, and the runtime's call with it."""
+    daemon = start_daemon(host)
+    fifo, release = hang_conf(tmp_path)
+    running = spawn(plugins, "CHECK", fifo, daemon.env)
+    wait_for(lambda: len(daemon.children()) == 1, "the running request's child")
+    queued = spawn(plugins, "ADD", pod.path, daemon.env)  # the same attachment: it waits
+    wait_for(lambda: daemon.status()["queued"] == 1, "the second request to wait")
+    daemon.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: not daemon.socket.exists(), "the daemon to stop listening")
+    assert daemon.proc.poll() is None and queued.poll() is None
+    release()
+    code, out = finish(running)
+    assert code == 1 and "not a network namespace" in out["msg"]
+    code, out = finish(queued)
+    assert code == 0 and out["interfaces"][0]["name"] == "lo", out
+    assert "UP" in pod.links()["lo"]["flags"]
+    daemon.proc.wait(30)
+    assert daemon.served() == 2
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and its descendants (a successor is not the test's child)."""
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        kids = []
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    for kid in kids:
+        kill_tree(int(kid))
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX"
+    except OSError:
+        return True
+
+
+def test_handover_to_a_successor_loses_no_request(host, pod, plugins, start_daemon,
+                                                  tmp_path) -> None:
+    """What `pycni install` asks of a daemon of another version (no systemd): a successor from
+    its own command line takes the socket; requests all along go through one or the other, the
+    old one finishes what it runs, and the socket file is the successor's afterwards."""
+    metrics = "127.0.0.1:19311"  # the successor serves it too: both listen meanwhile
+    daemon = start_daemon(host, "--metrics-listen", metrics)
+    old = daemon.status()
+    fifo, release = hang_conf(tmp_path)
+    running = spawn(plugins, "CHECK", fifo, daemon.env)
+    wait_for(lambda: len(daemon.children()) == 1, "the running request's child")
+    results: list[tuple[int, dict, bytes]] = []
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            results.append(plugins.exec("loopback", "ADD", LOOPBACK, netns=pod.path,
+                                        ifname="lo", env=daemon.env))
+    thread = threading.Thread(target=churn)
+    thread.start()
+    successor = 0
+    try:
+        answer = handover.request(str(daemon.socket))
+        successor = answer["successor"]
+        assert answer["pid"] == old["pid"] == daemon.proc.pid, answer
+        new = daemon.status()  # whoever answers now
+        assert new["pid"] == successor and new["version"] == old["version"], new
+        wait_for(lambda: daemon.status()["answered"] >= 3, "the successor to serve requests")
+        assert daemon.proc.poll() is None  # the old one still runs its request
+        stop.set()
+        thread.join()
+        assert results and [r[0] for r in results] == [0] * len(results), results
+        release()
+        code, out = finish(running)
+        assert code == 1 and "not a network namespace" in out["msg"]  # its real answer
+        daemon.proc.wait(30)
+        assert daemon.socket.exists()  # the old one left it to the successor
+        plugins.ok("loopback", "CHECK", LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
+        wait_for(lambda: daemon.served() == len(results) + 2, "every request logged")
+        scrape = host.run("curl", "-sS", "--max-time", "10", f"http://{metrics}/metrics")
+        assert "pycni_spares_warm" in scrape.stdout  # from the successor, the old one is gone
+        os.kill(successor, signal.SIGTERM)
+        wait_for(lambda: gone(successor), "the successor to stop")
+        assert not daemon.socket.exists()  # its own now: removed at its exit
+    finally:
+        stop.set()
+        thread.join()
+        if successor:
+            kill_tree(successor)
+
+
+def test_install_hands_over_a_daemon_of_another_version_only(host, start_daemon) -> None:
+    """handover.upgrade, as `pycni install` calls it: a daemon running the installed version is
+    left alone; one of another version hands over, and a successor that does not then run the
+    installed version (its command line runs another install) is an error saying so."""
+    daemon = start_daemon(host)
+    old = daemon.status()
+    said = handover.upgrade(old["version"], str(daemon.socket))
+    assert "already" in said and daemon.status()["pid"] == old["pid"], said
+    successor = 0
+    try:
+        with pytest.raises(handover.HandoverError, match=f"runs {old['version']}, not 9.9.9"):
+            handover.upgrade("9.9.9", str(daemon.socket))
+        successor = daemon.status()["pid"]
+        assert successor != old["pid"]
+        daemon.proc.wait(30)
+    finally:
+        if successor:
+            kill_tree(successor)
+
+
 def test_a_killed_shim_takes_its_request_down(host, pod, plugins, start_daemon,
                                               tmp_path) -> None:
     """The runtime's timeout kills the plugin; with the daemon the work must stop too, as it
@@ -609,6 +723,8 @@ def test_socket_activation(host, pod, plugins, tmp_path) -> None:
                          env={"PYCNI_SOCKET": str(path)})
         assert out["interfaces"][0]["name"] == "lo"
         wait_for(lambda: " served " in log.read_text(), "the request to be logged")
+        with pytest.raises(handover.HandoverError, match="systemctl restart pycni.service"):
+            handover.request(str(path))  # systemd's socket: its restart is the way there
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
         assert path.exists()  # the socket is systemd's: left in place for the next start

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,12 @@ def snapshot(*dirs: Path) -> dict[str, tuple]:
             body = (os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else "")
             out[str(p)] = (st.st_mode, body)
     return out
+
+
+@pytest.fixture(autouse=True)
+def no_daemon(tmp_path: Path, monkeypatch) -> None:
+    """Install asks a running daemon of another version to hand over: never the machine's."""
+    monkeypatch.setenv("PYCNI_SOCKET", str(tmp_path / "no-daemon.sock"))
 
 
 @pytest.fixture
@@ -165,6 +172,76 @@ def test_force_keeps_backups_that_uninstall_restores(dirs) -> None:
     assert not list(conf_dir.glob(".*"))  # backups never go where a runtime reads conflists
     inst.uninstall(bin_dir)
     assert snapshot(bin_dir, conf_dir) == before
+
+
+def test_no_path_is_ever_missing_while_install_replaces_it(dirs, monkeypatch) -> None:
+    """A runtime exec'ing a plugin meanwhile must find the old file or the new one: each file
+    is renamed over its path, a replaced one kept as a backup under a second name first."""
+    bin_dir, conf_dir, src = dirs
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "bridge").write_bytes(b"\x7fELF reference bridge")
+    (bin_dir / inst.MULTICALL).write_bytes(b"#!/bin/sh\nsomeone else's\n")
+    there_before: dict[str, bool] = {}
+    write, symlink = inst._atomic_write, inst._atomic_symlink
+
+    def watched(replace):
+        def wrapper(path: Path, *args) -> None:
+            there_before[path.name] = path.exists() or path.is_symlink()
+            replace(path, *args)
+        return wrapper
+    monkeypatch.setattr(inst, "_atomic_write", watched(write))
+    monkeypatch.setattr(inst, "_atomic_symlink", watched(symlink))
+    inst.install(bin_dir, conf_dir, str(src), force=True, compile_bytecode=False)
+    assert there_before[inst.MULTICALL] and there_before["bridge"], there_before
+    backups = sorted(p.name for p in (bin_dir / inst.BACKUPS).iterdir())
+    assert len(backups) == 2, backups
+    assert not list(bin_dir.glob(".pycni-tmp-*"))
+    # an upgrade over its own install: nothing is a backup, every path still replaced in place
+    there_before.clear()
+    inst.install(bin_dir, conf_dir, str(src), force=True, compile_bytecode=False)
+    assert all(there_before.values()) and there_before, there_before
+    assert sorted(p.name for p in (bin_dir / inst.BACKUPS).iterdir()) == backups
+    inst.uninstall(bin_dir)
+    assert (bin_dir / "bridge").read_bytes() == b"\x7fELF reference bridge"
+
+
+def test_from_a_wheel_the_plugins_run_a_copy_pip_never_changes(dirs, monkeypatch) -> None:
+    """Installed in site-packages (here: the checkout taken for one), the executables import a
+    copy of the package made by install (pip upgrades site-packages in place, file by file);
+    each version's copy stays while the executable of the next still may be running it."""
+    bin_dir, conf_dir, src = dirs
+    sites = inst.site_dirs(inst.venv_python())
+    monkeypatch.setattr(inst, "site_dirs", lambda _python: [str(ROOT), *sites])
+    lib_dir = bin_dir / ".pycni-lib"
+    libs = []
+    for version in ("1.0.0", "1.0.1", "1.0.2"):
+        monkeypatch.setattr(inst, "__version__", version)
+        inst.install(bin_dir, conf_dir, str(src), force=True, compile_bytecode=False)
+        [lib] = [d for d in lib_dir.iterdir() if d.name.startswith(version + "-")]
+        libs.append(lib)
+        text = (bin_dir / inst.MULTICALL).read_text()
+        assert f"_root = {str(lib)!r}  # pycni:root" in text
+        assert "sys.path.insert(0, _root)  # pycni:path" in text
+        assert (lib / "cni" / "skel.py").read_bytes() == (ROOT / "cni" / "skel.py").read_bytes()
+        assert list((lib / "cni" / "__pycache__").glob("skel.*.pyc"))  # compiled
+        assert not list(lib_dir.glob(".tmp-*"))
+        # this one and the one the replaced executable ran: execs may still be running it
+        assert sorted(lib_dir.iterdir()) == libs[-2:]
+    proc = subprocess.run([str(bin_dir / "bridge")], input=b'{"cniVersion": "1.0.0"}',
+                          env={"CNI_COMMAND": "VERSION"}, capture_output=True, cwd="/")
+    assert proc.returncode == 0 and b'"supportedVersions"' in proc.stdout, proc.stderr
+    probe = "import cni, sys; print(cni.__file__)"
+    body = (bin_dir / inst.MULTICALL).read_text().split("from cni.fast.main")[0]
+    where = subprocess.run([inst.venv_python(), "-IS", "-c", body + probe],
+                           capture_output=True, text=True, cwd="/")
+    assert where.stdout.strip() == str(libs[-1] / "cni" / "__init__.py"), where.stderr
+    [found] = doctor.install_findings(bin_dir, conf_dir)[:1]
+    assert found.status == doctor.OK and str(libs[-1]) in found.detail, found
+    shutil.rmtree(libs[-1])  # someone cleaned the bin dir's hidden files: doctor says so
+    [found] = doctor.install_findings(bin_dir, conf_dir)[:1]
+    assert found.status == doctor.FAIL and "pycni install --force" in found.fix, found
+    inst.uninstall(bin_dir)
+    assert not bin_dir.exists()
 
 
 def test_uninstall_leaves_what_was_changed_since(dirs) -> None:

@@ -18,8 +18,10 @@ the pool grows (a request forked while every spare is busy stays as a spare, up 
 
 Listening (listener.py): an inherited socket (systemd socket activation: LISTEN_FDS/LISTEN_PID),
 else a socket it binds itself (default /run/pycni/pycni.sock; directory 0700, socket 0600). Peers
-must be root (SO_PEERCRED). SIGTERM: stop accepting, close requests not yet started (their shims
-run them in-process), let running children finish, exit.
+must be root (SO_PEERCRED). SIGTERM: stop accepting, run every request already accepted, let
+the children finish, exit; a second SIGTERM kills the running ones. Upgrades (handover.py): a
+daemon on its own socket hands it to a successor running the installed code when `pycni install`
+asks; under systemd `systemctl restart pycni.service` does it, the socket unit holding the socket.
 
 The one entry: `pycni daemon` (cni/cli loads `command` lazily) and `python -m cni.fast.daemon`.
 """
@@ -48,11 +50,11 @@ def run_daemon(opts: Options, runner: Runner | None = None) -> int:
                         format="%(name)s[%(process)d]: %(levelname)s %(message)s")
     log.setLevel(logging.DEBUG if opts.verbose else logging.INFO)  # ours only, not pyroute2's
     raise_fd_limit()
-    listener = inherited_listener()
-    owned = None
-    if listener is None:
-        listener = bind(opts.socket_path)
-        owned = opts.socket_path
+    inherited = inherited_listener()
+    if inherited is None:
+        listener, owned = bind(opts.socket_path), opts.socket_path
+    else:
+        listener, owned = inherited  # owned: a predecessor's own socket file (handover.py)
     missing = preimport()
     if missing:
         log.info("not available (requests for them fail as in-process): %s", ", ".join(missing))

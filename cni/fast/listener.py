@@ -11,9 +11,16 @@ import stat
 
 log = logging.getLogger("pycni.daemon")
 
+# The fd on which a daemon started by a handover tells its predecessor it serves (handover.py).
+HANDOVER_ENV = "PYCNI_HANDOVER_FD"
+_predecessor: socket.socket | None = None
 
-def inherited_listener() -> socket.socket | None:
-    """The socket systemd passed (LISTEN_FDS), if it passed one to this process."""
+
+def inherited_listener() -> tuple[socket.socket, str | None] | None:
+    """The socket systemd passed (LISTEN_FDS), or a predecessor handing over (handover.py), if
+    passed to this process; with the socket file's path when it is this daemon's to remove at
+    exit (a predecessor's own socket, never systemd's)."""
+    handover = os.environ.pop(HANDOVER_ENV, "")
     if os.environ.get("LISTEN_PID") != str(os.getpid()):
         return None
     count = int(os.environ.get("LISTEN_FDS", "0") or 0)
@@ -25,7 +32,21 @@ def inherited_listener() -> socket.socket | None:
     if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
         raise SystemExit("pycni daemon: the inherited socket is not a unix stream socket")
     os.set_inheritable(sock.fileno(), False)
-    return sock
+    if not handover.isdigit():
+        return sock, None
+    global _predecessor
+    _predecessor = socket.socket(fileno=int(handover))
+    os.set_inheritable(_predecessor.fileno(), False)
+    os.register_at_fork(after_in_child=_forget_predecessor)  # children never hold it
+    name = sock.getsockname()
+    return sock, name if isinstance(name, str) and name else None
+
+
+def _forget_predecessor() -> None:
+    global _predecessor
+    if _predecessor is not None:
+        _predecessor.close()
+        _predecessor = None
 
 
 def bind(path: str) -> socket.socket:
@@ -90,7 +111,14 @@ def raise_fd_limit() -> None:
 
 def sd_notify(state: str, environ: dict[str, str] | None = None) -> bool:
     """Tell systemd (Type=notify) how we are: READY=1 once the listener is served, so units
-    ordered after pycni.service start when requests go through. No NOTIFY_SOCKET: no-op."""
+    ordered after pycni.service start when requests go through. No NOTIFY_SOCKET: no-op.
+    A daemon started by a handover tells its READY=1 to its predecessor too (handover.py)."""
+    if _predecessor is not None and state.startswith("READY=1"):
+        try:
+            _predecessor.sendall(state.encode())
+        except OSError as e:
+            log.warning("telling the predecessor we serve: %s", e)
+        _forget_predecessor()
     env = os.environ if environ is None else environ
     address = env.get("NOTIFY_SOCKET", "")
     if not address.startswith(("/", "@")):

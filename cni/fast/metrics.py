@@ -120,7 +120,10 @@ class Metrics:
         self.outbox = out
         host, port = parse_listen(listen)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # reuse_port: a successor (handover.py) listens here before its predecessor exits
+        # (the kernel allows that only to sockets of the same uid)
         self.listener = socket.create_server((host, port), family=family, backlog=16,
+                                             reuse_port=True,
                                              dualstack_ipv6=family == socket.AF_INET6
                                              and not host)
         self.listener.setblocking(False)

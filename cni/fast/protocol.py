@@ -15,6 +15,8 @@ never a second run. A REPLY without an ACK is the daemon refusing the request (n
 
 A status query (status.py) is STATUS_MAGIC alone instead of a request: the daemon answers it
 itself, never with a plugin run, as a REPLY (code 0, its figures as JSON on stdout), no ACK.
+A handover request (handover.py) is HANDOVER_MAGIC alone: answered the same way once the daemon
+has handed its socket to a successor (code 0, JSON), or could not (code 1, a CNI error).
 """
 
 
@@ -44,6 +46,7 @@ class Header:
 
 MAGIC = b"PYCNI\x01"
 STATUS_MAGIC = b"PYCNI?"  # a status query: the whole of it (same length as MAGIC)
+HANDOVER_MAGIC = b"PYCNI>"  # hand over to a successor running the installed code (handover.py)
 ACK = b"A"
 REPLY = b"R"
 REQ_HEADER = Header("!IIIBI")

@@ -29,6 +29,7 @@ from cni.fast.child import (
     spare_main,
 )
 from cni.fast.fds import accepted, close_all, drain, fds_from, peer_gone, send_quietly
+from cni.fast.handover import Handover
 from cni.fast.listener import inode, sd_notify, sock_name
 from cni.fast.preload import private_netns
 from cni.fast.procs import comm, fork_with_socket, own_group, parent
@@ -149,6 +150,7 @@ class Server:
         self.warm_netns: int | None = None  # where spares warm up (preload.private_netns)
         self.counts = Counts()
         self.metrics = None  # metrics.Metrics when --metrics-listen is set
+        self.handover = Handover(self)  # to a successor, when pycni install asks (upgrades)
 
     # The loop ----------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -164,7 +166,7 @@ class Server:
         self._start_zygote()
         log.info("pycni daemon %d listening on %s", os.getpid(), sock_name(self.listener))
         sd_notify(f"READY=1\nSTATUS=serving on {sock_name(self.listener)}\nMAINPID={os.getpid()}")
-        while not (self.stopping and not self.jobs):
+        while not (self.stopping and not (self.jobs or self.pending or self.queue)):
             for key, _ in self.sel.select(self._next_timeout()):
                 key.data(key.fileobj)
             self._handle_signals()
@@ -206,18 +208,27 @@ class Server:
             for job in self.jobs.values():
                 if not job.timed_out:
                     self._kill(job)
-        if not self.signals or self.stopping:
+            for fd in list(self.pending):
+                self._drop(fd)  # not started: their shims see EOF before ACK (not run)
+            while self.queue:
+                ready = self.queue.popleft()
+                close_all(ready.fds)
+                ready.conn.close()
+        if self.signals:
+            self.stop("SIGTERM")
+
+    def stop(self, why: str) -> None:
+        """Stop accepting; what was accepted still runs (a shim with the fallback off has no
+        other daemon to go to: systemd restarts and handovers lose no request), and the loop
+        ends once the last of it is answered. Connections not accepted wait in the socket."""
+        if self.stopping:
             return
-        log.info("pycni daemon: stopping, finishing %d running requests", len(self.jobs))
-        sd_notify(f"STOPPING=1\nSTATUS=finishing {len(self.jobs)} running requests")
+        accepted = len(self.jobs) + len(self.pending) + len(self.queue)
+        log.info("pycni daemon: %s: stopping, finishing %d accepted requests", why, accepted)
+        sd_notify(f"STOPPING=1\nSTATUS=finishing {accepted} accepted requests")
         self.stopping = True
+        self.handover.cancel("the daemon is stopping")
         self._close_listener()
-        for fd in list(self.pending):
-            self._drop(fd)  # not started: their shims see EOF before ACK and run in-process
-        while self.queue:
-            ready = self.queue.popleft()
-            close_all(ready.fds)
-            ready.conn.close()
         for spare in [s for s in self.spares.values() if not s.serving]:
             self._drop_spare(spare)  # EOF: it exits without running anything
         self._retire_zygote()
@@ -273,6 +284,9 @@ class Server:
         if head == proto.STATUS_MAGIC:
             self._answer_status(self._unregister(fd), p.refused or (
                 "a status query carries no fds" if p.fds else ""), p.fds)
+            return
+        if head == proto.HANDOVER_MAGIC:
+            self.handover.ask(self._unregister(fd), p.refused, p.fds)
             return
         if not (proto.MAGIC.startswith(head) or proto.STATUS_MAGIC.startswith(head)):
             self._refuse(self._unregister(fd), "not a pycni request", fds=p.fds)
@@ -346,7 +360,7 @@ class Server:
         """Start what waits, in order; a request for an attachment that has one running waits
         for it (an ADD the runtime gave up on must be gone before its DEL runs)."""
         for ready in list(self.queue):  # what is not started stays queued (a fork closes it)
-            if len(self.jobs) >= self.opts.max_children or self.stopping:
+            if len(self.jobs) >= self.opts.max_children:
                 return
             if peer_gone(ready.conn):
                 self.queue.remove(ready)
@@ -720,6 +734,7 @@ class Server:
         for job in self.jobs.values():
             if not job.timed_out and not job.abandoned and job.deadline <= now:
                 self._kill(job)
+        self.handover.expire()
 
     def _kill(self, job: Job) -> None:
         job.timed_out = not job.abandoned

@@ -3,7 +3,7 @@ it started, how many had to fork a child because no spare was warm, and its spar
 query is never a plugin run (protocol.STATUS_MAGIC); like every request it is root only.
 
 Tests use it to prove that the daemon, not the shim's in-process fallback, served a request;
-`pycni doctor` prints it."""
+`pycni doctor` prints it. A handover request (handover.py) goes the same way."""
 
 from __future__ import annotations
 
@@ -14,21 +14,38 @@ import socket
 from cni.fast import protocol as proto
 
 
-def query(socket_path: str | None = None, timeout: float = 2.0) -> dict | None:
-    """The daemon's figures; None if no daemon answers on the socket (none there, refused
-    the connection or the query, or it is not a pycni daemon that knows the query)."""
-    path = socket_path or os.environ.get(proto.SOCKET_ENV) or proto.DEFAULT_SOCKET
+def socket_path(path: str | None = None) -> str:
+    """The daemon's socket as the shims find it: `path`, else PYCNI_SOCKET, else the default."""
+    return path or os.environ.get(proto.SOCKET_ENV) or proto.DEFAULT_SOCKET
+
+
+def ask(magic: bytes, path: str | None = None, timeout: float = 2.0) -> tuple[int, bytes] | None:
+    """Send a query the daemon answers itself (STATUS_MAGIC, HANDOVER_MAGIC): its reply's code
+    and stdout; None if nothing answers a pycni reply on the socket."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as s:
             s.settimeout(timeout)
-            s.connect(path)
-            s.sendall(proto.STATUS_MAGIC)
+            s.connect(socket_path(path))
+            s.sendall(magic)
             answer = _read_all(s)
     except OSError:
         return None
     try:
         code, out_len, _ = proto.reply_sizes(answer[:proto.REPLY_PREFIX])
-        figures = json.loads(answer[proto.REPLY_PREFIX:proto.REPLY_PREFIX + out_len])
+    except ValueError:
+        return None
+    return code, answer[proto.REPLY_PREFIX:proto.REPLY_PREFIX + out_len]
+
+
+def query(socket_path: str | None = None, timeout: float = 2.0) -> dict | None:
+    """The daemon's figures; None if no daemon answers on the socket (none there, refused
+    the connection or the query, or it is not a pycni daemon that knows the query)."""
+    answer = ask(proto.STATUS_MAGIC, socket_path, timeout)
+    if answer is None:
+        return None
+    code, out = answer
+    try:
+        figures = json.loads(out)
     except ValueError:
         return None
     if code != 0 or not isinstance(figures, dict) or "answered" not in figures:
