@@ -452,9 +452,11 @@ def tally_phases(outcomes: Sequence[KillOutcome]) -> dict[str, int]:
 def kill_after(proc: subprocess.Popen, delay: float,
                targets: Callable[[subprocess.Popen], Sequence[int]] | None = None,
                stdin: bytes | None = None, phase: Phase = exec_phase,
-               until_verb: bool = False) -> KillOutcome:
+               until_verb: bool = False,
+               after_kill: Callable[[], None] | None = None) -> KillOutcome:
     """Let proc run for `delay` s (or, with until_verb, until `phase` says its verb started),
-    then SIGKILL the chosen pids (default: its whole session).
+    then SIGKILL the chosen pids (default: its whole session); then `after_kill` (what
+    `targets` held where the kill must land goes on).
 
     `landed` is whether something was still running and got killed: a kill that comes after
     the ADD finished tests nothing and is counted apart; `phase` where it landed.
@@ -486,6 +488,8 @@ def kill_after(proc: subprocess.Popen, delay: float,
                     pass
     if stopped:
         _signal_group(proc.pid, signal.SIGCONT)  # what was not killed goes on
+    if after_kill is not None:
+        after_kill()
     try:
         out, _ = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
