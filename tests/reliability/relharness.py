@@ -1,8 +1,8 @@
 """Reliability harness: run sizes, which pieces exist, configs, the runtime CLI, killing on cue.
 
 Short runs (`make test`) and long runs (`make reliability`, PYCNI_LONG=1) execute the same code;
-only the counts differ. A test whose plugin or runtime module has not landed yet is skipped with
-the module's name, so it starts running the moment the module exists.
+only the counts differ. A test whose plugin or runtime module is missing names it as it skips,
+and fails instead under scripts/test.sh (`make test`, `make reliability`: tests/rootskips.py).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 from cnitest import BIN, ROOT, VENV_PY, Netns
+from rootskips import missing
 
 LONG = os.environ.get("PYCNI_LONG", "") not in ("", "0")
 CNI_VERSION = "1.1.0"
@@ -56,9 +56,9 @@ def have(module: str) -> bool:
 
 
 def need(*modules: str) -> None:
-    missing = [m for m in modules if not have(m)]
-    if missing:
-        pytest.skip(f"not landed yet: {', '.join(missing)}")
+    absent = [m for m in modules if not have(m)]
+    if absent:
+        missing(f"pycni's {', '.join(absent)} (not landed yet?)")
 
 
 # What a plugin cannot run without (bridge's IPAM in our test configs).
@@ -73,7 +73,7 @@ def need_plugins(*plugins: str) -> None:
 def need_runtime() -> None:
     need("cni.cli")
     if not _cli_has("gc"):
-        pytest.skip("not landed yet: the gc command in cni.cli")
+        missing("the gc command in cni.cli (not landed yet?)")
 
 
 def _cli_has(verb: str) -> bool:
