@@ -47,14 +47,16 @@ def _netns_ok() -> bool:
 
 
 def need(*tools: str) -> None:
-    """Skip unless root with netns support and the tools are installed. (Lives here, not in
-    conftest.py: test modules must never import a "conftest", tests/ has several.)"""
+    """Skip unless root with netns support and the tools are installed (a missing tool fails
+    under make test: rootskips). (Lives here, not in conftest.py: test modules must never
+    import a "conftest", tests/ has several.)"""
     import pytest
+    from rootskips import missing
 
     if os.geteuid() != 0 or not _netns_ok():
         pytest.skip("needs root and network namespaces (run via make test)")
-    if missing := missing_tools(*tools):
-        pytest.skip(f"{', '.join(missing)} not installed (scripts/setup.sh's APT_TEST has them)")
+    if absent := missing_tools(*tools):
+        missing(f"{', '.join(absent)} (scripts/setup.sh's APT_TEST installs them)")
 
 
 def wait_for(what: str, probe, timeout: float = 30.0, interval: float = 0.1) -> Any:

@@ -14,7 +14,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import clients  # noqa: E402
 from clients import need  # noqa: E402
 from cnitest import Netns, delete_netns, forget_deleted_markers, new_netns  # noqa: E402
-from rootskips import pytest_runtest_makereport  # noqa: E402, F401 (a hook: see rootskips)
+from rootskips import (  # noqa: E402, F401 (hooks: see rootskips)
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import json
 
 import pytest
 from clients import cri_conflist, install, need
-from cnitest import REFERENCE_BIN
+from cnitest import REFERENCE_BIN, REFERENCE_PLUGINS
 from crinode import (
     HOST_PORT,
     NODE_ADDR,
@@ -36,6 +36,7 @@ from crinode import (
     tbfs,
     wait_host_port,
 )
+from rootskips import missing
 
 pytestmark = pytest.mark.root
 
@@ -52,7 +53,7 @@ def test_kubelet_pod_through_containerd_cri(side, conflist, node_netns, oci_imag
         bin_dir, conf_dir = install(tmp_path / "cni", conf)
     else:
         if not (REFERENCE_BIN / "portmap").exists():
-            pytest.skip("reference plugins not installed (containernetworking-plugins)")
+            missing(REFERENCE_PLUGINS)
         bin_dir, conf_dir = REFERENCE_BIN, tmp_path / "net.d"
         conf_dir.mkdir()
         (conf_dir / conflist).write_text(json.dumps(conf))

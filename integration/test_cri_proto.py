@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
+from rootskips import missing
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = ROOT / "integration" / "cri" / "runtime_v1.proto"
@@ -53,7 +53,8 @@ def upstream() -> dict[str, dict[str, str]]:
     for path in UPSTREAM:
         if path.exists():
             return parse(path.read_text())
-    pytest.skip("the upstream CRI proto (shared/reference/cri-api-v1.proto) is not here")
+    missing("the upstream CRI proto, ../shared/reference/cri-api-v1.proto (../shared "
+            "provides it)")
 
 
 def test_every_declaration_is_upstreams_number_for_number() -> None:
@@ -87,7 +88,10 @@ def test_the_parser_sees_upstreams_numbers() -> None:
 def test_the_generated_stubs_call_upstreams_method_paths() -> None:
     """gRPC routes by "/runtime.v1.RuntimeService/RunPodSandbox": package and service names
     must be upstream's too, and the stubs must build from the proto (grpcio-tools)."""
-    pytest.importorskip("grpc_tools")
+    try:
+        import grpc_tools  # noqa: F401
+    except ImportError:
+        missing("grpc_tools (grpcio-tools, the dev extras scripts/setup.sh installs)")
     sys.path.insert(0, str(ROOT / "integration"))
     from cri import stubs
 

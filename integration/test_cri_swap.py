@@ -39,7 +39,7 @@ from pathlib import Path
 import grpc
 import pytest
 from clients import ROOT, VENV_PY, cri_conflist, install, need, pycni
-from cnitest import REFERENCE_BIN
+from cnitest import REFERENCE_BIN, REFERENCE_PLUGINS
 from crinode import (
     HOST_PORT,
     CRINode,
@@ -49,11 +49,10 @@ from crinode import (
     shared_leftovers,
     wait_host_port,
 )
+from rootskips import skip_unless
 
 pytestmark = [pytest.mark.root,
-              pytest.mark.skipif(not (REFERENCE_BIN / "portmap").exists(),
-                                 reason="reference plugins (containernetworking-plugins) "
-                                        "not installed")]
+              skip_unless((REFERENCE_BIN / "portmap").exists(), REFERENCE_PLUGINS)]
 
 XTABLES = {"nat", "filter", "mangle", "raw", "security"}  # iptables-nft's own nft tables
 

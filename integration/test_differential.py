@@ -60,8 +60,9 @@ from typing import Any
 
 import pytest
 from clients import install, need, wait_for
-from cnitest import REFERENCE_BIN, Netns, Plugins, delete_netns, new_netns
+from cnitest import REFERENCE_BIN, REFERENCE_PLUGINS, Netns, Plugins, delete_netns, new_netns
 from diffchain import Side, host_veths, node_links, normalize, pod_state, store_files, tbf
+from rootskips import missing
 
 pytestmark = pytest.mark.root
 NODE_ADDR = "192.0.2.20"  # the node's own address (on its lo), for hostPort traffic
@@ -89,7 +90,7 @@ def sides(our_bin, tmp_path) -> Iterator[dict[str, Side]]:
     """Two nodes: "ref" runs /usr/lib/cni, "ours" runs the installed pycni."""
     need()
     if not (REFERENCE_BIN / "bridge").exists():
-        pytest.skip("reference plugins not installed (containernetworking-plugins)")
+        missing(REFERENCE_PLUGINS)
     made: list[Netns] = []
     out = {}
     for label, bin_dir in (("ref", REFERENCE_BIN), ("ours", our_bin)):

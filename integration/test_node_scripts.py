@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from clients import ROOT, VENV_PY, Node, cleanup, need
 from cnitest import REFERENCE_BIN
+from rootskips import have
 
 pytestmark = pytest.mark.root
 SCRIPTS = ROOT / "integration" / "vagrant"
@@ -51,7 +52,7 @@ def test_node_scripts_install_cnitool_scenario_uninstall(node_netns, tmp_path, c
         d.mkdir()
     # What a runtime package leaves on a node: the reference plugins and its own conflist.
     for name in ("bridge", "host-local", "macvlan"):
-        if (REFERENCE_BIN / name).exists():
+        if have((REFERENCE_BIN / name).exists(), f"{REFERENCE_BIN / name}"):
             shutil.copy2(REFERENCE_BIN / name, bin_dir / name)
     (conf_dir / "11-crio-ipv4-bridge.conflist").write_text('{"name": "crio"}')
     before = snapshot(bin_dir, conf_dir)

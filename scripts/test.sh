@@ -17,6 +17,9 @@ if [ "${PYCNI_IN_TEST_NS:-}" = 1 ]; then
 fi
 # Tests install into scratch dirs: never the host's systemd units (pycni install's default there).
 export PYCNI_SYSTEMD=0
+# A test that skips because something scripts/setup.sh installs or ../shared provides is
+# missing fails here instead (tests/rootskips.py); pytest run by hand still skips it.
+export PYCNI_REQUIRE_ALL="${PYCNI_REQUIRE_ALL:-1}"
 set +e
 .venv/bin/python -m pytest -p no:cacheprovider "$@"
 rc=$?

@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "bin"
 VENV_PY = ROOT / ".venv" / "bin" / "python"
 REFERENCE_BIN = Path("/usr/lib/cni")
+REFERENCE_PLUGINS = (f"the reference plugins in {REFERENCE_BIN} "
+                     "(scripts/setup.sh installs containernetworking-plugins)")
 
 
 def loaded_by(module: str, candidates: tuple[str, ...]) -> list[str]:

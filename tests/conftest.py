@@ -6,7 +6,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from cnitest import Netns, Plugins, can_use_netns, delete_netns, forget_deleted_markers, new_netns
-from rootskips import pytest_runtest_makereport  # noqa: F401 (a hook: root skips fail as root)
+from rootskips import (  # noqa: F401 (hooks: skips make test does not accept fail)
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+)
 
 # `pycni install` enables systemd units on a systemd host: installs made by tests never do.
 os.environ.setdefault("PYCNI_SYSTEMD", "0")

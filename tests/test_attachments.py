@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from cnitest import BIN, ROOT, Netns, destroy_netns
+from rootskips import skip_unless
 
 pytestmark = pytest.mark.root
 REF19 = ROOT.parent / "shared" / "reference" / "bin"
@@ -149,7 +150,8 @@ def test_pycni_pods_live_stale_half_deleted_and_gc_clears_the_orphans(
     assert sorted(node.masq_sources()) == rows["db-31a0e"]["masquerade"]
 
 
-@pytest.mark.skipif(not (REF19 / "bridge").exists(), reason="no v1.9.1 reference binaries")
+@skip_unless((REF19 / "bridge").exists(),
+             f"the v1.9.1 reference plugins in {REF19} (../shared provides them)")
 def test_reference_pods_and_a_half_deleted_one(host: Netns, netns_factory,
                                                tmp_path: Path) -> None:
     node = Node(host, tmp_path, bin_dir=REF19)

@@ -18,9 +18,11 @@ from collections.abc import Iterator
 
 import pytest
 from bandwidth_util import conf, runtime_bw, wire
+from rootskips import skip_unless
 
-pytestmark = [pytest.mark.root, pytest.mark.skipif(shutil.which("iperf3") is None,
-                                                   reason="iperf3 not installed")]
+pytestmark = [pytest.mark.root,
+              skip_unless(shutil.which("iperf3") is not None,
+                          "iperf3 (scripts/setup.sh installs it)")]
 
 MBIT = 1_000_000
 INGRESS, EGRESS = 10 * MBIT, 20 * MBIT

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 from cnitest import BIN, ROOT, VENV_PY, Netns, Plugins
@@ -666,15 +667,18 @@ def test_spares_warm_up_in_a_namespace_of_the_daemons_own(host, start_daemon) ->
 
 
 def test_requests_go_on_when_the_zygote_dies(host, pod, plugins, start_daemon) -> None:
-    daemon = start_daemon(host)
+    daemon = start_daemon(host, "--max-spares", "2")  # no growth: the pool is --spares exactly
     wait_for(lambda: len(daemon.named("pycni-zygote")) == 1, "the zygote")
     os.kill(daemon.named("pycni-zygote")[0], signal.SIGKILL)
     wait_for(lambda: "the spare maker is gone" in daemon.log.read_text(), "the daemon to notice")
     for command in ("ADD", "CHECK", "DEL", "ADD"):
         plugins.ok("loopback", command, LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
     daemon.wait_served(4)
-    wait_for(lambda: len(daemon.named("pycni-spare")) >= 2, "spares the daemon forks itself")
+    wait_for(lambda: len(daemon.named("pycni-spare")) == 2, "spares the daemon forks itself")
     wait_for(lambda: daemon.named("pycni-zygote") == [], "the zygote reaped")
+    assert len(daemon.named("pycni-spare")) == 2
+    assert daemon.status()["spares"] == {"configured": 2, "max": 2, "warm": 2, "serving": 0,
+                                         "retired": 0, "ordered": 0}
 
 
 def test_a_child_no_request_waits_for_is_reaped(host, start_daemon) -> None:
@@ -1054,18 +1058,29 @@ def test_doctor_prints_the_daemons_answer_version_and_spares(host, start_daemon,
     assert found[f"daemon socket {daemon.socket}"].detail == "configured but missing"
 
 
-def test_daemon_path_tests_fail_when_the_daemon_is_gone() -> None:
+def test_daemon_path_tests_fail_when_the_daemon_is_gone(tmp_path) -> None:
     """The daemon stopped in the middle of a suite: the tests that claim the daemon path must
     fail (the shim's fallback is off for them), not pass on the in-process run. Runs them in
-    a nested pytest whose start_daemon kills every daemon it has just started."""
+    a nested pytest whose start_daemon kills every daemon it has just started; each must fail
+    on the shim's error 11 (no daemon took the request, no fallback), not for any reason."""
     selected = ["tests/test_own_netns.py::test_own_netns_is_refused_and_nothing_changes"
                 "[ADD-daemon]",
                 "tests/test_own_netns.py::test_override_allows_the_own_netns[1-daemon]",
                 "tests/test_daemon.py::test_the_daemon_acts_in_the_callers_namespace"]
+    report = tmp_path / "nested.xml"
     ran = subprocess.run([str(VENV_PY), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          *selected], cwd=ROOT, capture_output=True, text=True,
-                         env=os.environ | {KILL_ENV: "1"}, timeout=600)
+                          f"--junitxml={report}", *selected], cwd=ROOT, capture_output=True,
+                         text=True, env=os.environ | {KILL_ENV: "1"}, timeout=600)
     summary = ran.stdout.strip().splitlines()[-1]
     assert ran.returncode == 1, ran.stdout[-3000:]
     assert re.fullmatch(r"3 failed in .*", summary), ran.stdout[-3000:]
-    assert f"{proto.FALLBACK_ENV}=0 forbids running it in-process" in ran.stdout
+    failures = {case.get("name"): case.find("failure")
+                for case in ElementTree.parse(report).iter("testcase")}
+    assert sorted(failures) == sorted(s.split("::")[1] for s in selected), failures
+    no_daemon = re.compile(rf"'code': {proto.TRY_AGAIN_LATER}, 'msg': 'no pycni daemon took "
+                           rf"the request on [^']*, and {proto.FALLBACK_ENV}=0 forbids running "
+                           r"it in-process'")
+    for name, failure in failures.items():
+        assert failure is not None, f"{name} did not fail\n{ran.stdout[-3000:]}"
+        why = f"{failure.get('message')}\n{failure.text}"
+        assert no_daemon.search(why), f"{name} failed for another reason:\n{why[-3000:]}"

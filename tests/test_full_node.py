@@ -6,6 +6,9 @@ The chain is the bench's full-node one (bench/fullnode.py): bridge (ipMasq on nf
 and requests) through the daemon, four pods at a time, in a throwaway host namespace. Not a
 timing: what must hold when the node is full is that nothing of one pod is lost or mixed up with
 another's (a verb that reads only its own records and handles must still find exactly its own).
+
+Every plugin call goes through the daemon: the shim's in-process fallback is off, and the
+daemon's own figures (status.query) count exactly the calls the runtime made.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,7 +28,9 @@ from cnitest import BIN, Netns
 from portmap_util import HOST_OUT, OUTSIDE, Servers, _addr, _wire, answered_by
 from test_daemon import start_daemon  # noqa: F401 (a fixture)
 
+from cni.fast import protocol as proto
 from cni.host import hostport, masq, tc
+from cni.runtime import invoke
 from cni.runtime.chain import Runtime, RuntimeConf
 from cni.runtime.conflist import from_bytes
 from cni.spec.errors import CNIError
@@ -80,10 +87,28 @@ def store_files(store: Path) -> dict[str, str]:
         if d.is_dir() else {}
 
 
+def count_plugin_calls(monkeypatch) -> Counter:
+    """Every plugin exec the runtime makes, by CNI_COMMAND (its requests to the daemon)."""
+    calls: Counter = Counter()
+    lock = threading.Lock()
+    exec_plugin = invoke.exec_plugin
+
+    def counted(path: str, stdin: bytes, env: dict[str, str], **kw: Any) -> bytes:
+        with lock:
+            calls[env["CNI_COMMAND"]] += 1
+        return exec_plugin(path, stdin, env, **kw)
+    monkeypatch.setattr(invoke, "exec_plugin", counted)
+    return calls
+
+
 def test_a_full_node_of_250_attachments(host: Netns, netns_factory, start_daemon,  # noqa: F811
                                         tmp_path: Path, monkeypatch) -> None:
     store, cache = tmp_path / "store", tmp_path / "cache"
-    monkeypatch.setenv("PYCNI_SOCKET", str(start_daemon(host).socket))
+    daemon = start_daemon(host)
+    for key, value in daemon.env.items():  # the daemon's socket, and no in-process fallback
+        monkeypatch.setenv(key, value)
+    assert os.environ[proto.FALLBACK_ENV] == "0"
+    calls = count_plugin_calls(monkeypatch)
     conf = from_bytes(json.dumps(conflist(store)).encode())
     runtime = Runtime([str(BIN)], cache_dir=str(cache))
     pods = [netns_factory("pycni-fn") for _ in range(PODS)]
@@ -188,3 +213,13 @@ def test_a_full_node_of_250_attachments(host: Netns, netns_factory, start_daemon
                                      ("pycni-att-", "pycni-masq-", "cni-br-iface-"))),
     }
     assert left == {k: [] for k in left}
+
+    # every plugin call, and only those, served by the daemon: ADD and DEL of each pod through
+    # the three plugins, the samples' CHECKs, and the failed CHECKs (portmap's after bridge's,
+    # bridge's alone)
+    samples = len({0, PODS // 2, PODS - 1})
+    assert calls == {"ADD": 3 * PODS, "CHECK": 3 * samples + 2 + 1 + 1, "DEL": 3 * PODS}, calls
+    daemon.wait_served(sum(calls.values()))
+    figures = daemon.status()
+    assert (figures["started"], figures["answered"], figures["running"], figures["queued"]) == (
+        sum(calls.values()), sum(calls.values()), 0, 0), figures

@@ -17,13 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rootskips import missing, skip_unless
 
 from cni import skel
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = ROOT / "bin" / "host-local"
 GO = Path("/usr/lib/cni/host-local")
-needs_go = pytest.mark.skipif(not os.access(GO, os.X_OK), reason="reference host-local missing")
+needs_go = skip_unless(os.access(GO, os.X_OK), f"the reference host-local {GO} "
+                       "(scripts/setup.sh installs containernetworking-plugins)")
 
 
 def conf(data_dir: Path | str, version: str = "1.0.0", name: str = "net1",
@@ -488,7 +490,7 @@ def test_status_read_only_store(tmp_path):
         fails("STATUS", config, 50, "store unusable", str(ro))
         return
     if not shutil.which("unshare"):
-        pytest.skip("unshare missing")
+        missing("unshare (util-linux: scripts/setup.sh installs it)")
     script = f'mount -t tmpfs -o ro pycni-ro "{ro}" && exec "{OURS}"'
     proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                           input=json.dumps(config).encode(), env=env("STATUS"),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from cnitest import loaded_by
+from rootskips import have, missing
 from test_host_local import GO, ROOT, conf, needs_go, reservations, store_files
 
 from cni.ipam import delegate
@@ -42,7 +43,7 @@ GO_PATH = ["/nonexistent", "/usr/lib/cni"]
 
 def test_our_host_local_is_recognised_and_go_is_not(tmp_path):
     assert delegate.is_ours(delegate.find("host-local", OURS_PATH))
-    if os.access(GO, os.X_OK):
+    if have(os.access(GO, os.X_OK), f"the reference host-local {GO}"):
         assert not delegate.is_ours(delegate.find("host-local", GO_PATH))
     # an installed copy elsewhere is recognised by its marker
     copy = tmp_path / "host-local"
@@ -93,7 +94,8 @@ def test_exec_passes_cni_args(tmp_path):
 @pytest.mark.parametrize("path", [OURS_PATH, GO_PATH])
 def test_errors_keep_their_code(tmp_path, path):
     if path == GO_PATH and not os.access(GO, os.X_OK):
-        pytest.skip("reference host-local missing")
+        missing(f"the reference host-local {GO} (scripts/setup.sh installs "
+                "containernetworking-plugins)")
     config = bridge_conf(tmp_path)
     config["ipam"]["ranges"] = [[{"subnet": "10.110.0.1/24"}]]
     with pytest.raises(CNIError) as e:

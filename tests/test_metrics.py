@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from cnitest import BIN, ROOT, Netns, loaded_by
+from rootskips import missing
 from test_daemon import start_daemon, wait_for  # noqa: F401 (a fixture)
 
 from cni.fast import child
@@ -60,7 +61,7 @@ def wait_query(host: Netns, promql: str, expected: dict[tuple, float]) -> None:
 @pytest.fixture
 def prometheus(host: Netns, tmp_path: Path):
     if not os.access(PROMETHEUS, os.X_OK):
-        pytest.skip("prometheus is not installed (scripts/setup.sh installs it)")
+        missing("prometheus (scripts/setup.sh installs it)")
     conf = tmp_path / "prometheus.yml"
     conf.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"

@@ -40,10 +40,10 @@ def test_own_netns_is_refused_and_nothing_changes(via, command, plugins: Plugins
     links, rules = set(host.links()), host.nft_ruleset()
     code, out, _ = plugins.exec("bridge", command, bridge_conf(tmp_path), netns=host.path,
                                 env=path.env)
-    path.served(1)
     assert code == 1, out
-    assert out["code"] == 8
+    assert out["code"] == 8, out
     assert out["msg"] == "plugin's netns and netns from CNI_NETNS should not be the same"
+    path.served(1)
     assert host.path in out["details"] and "CNI_NETNS_OVERRIDE" in out["details"]
     assert set(host.links()) == links  # no bridge, no veth
     assert host.nft_ruleset() == rules  # no masquerade rule

@@ -14,14 +14,13 @@ import secrets
 from pathlib import Path
 
 import pytest
-from cnitest import BIN, REFERENCE_BIN, ROOT, VENV_PY, Netns
+from cnitest import BIN, REFERENCE_BIN, REFERENCE_PLUGINS, ROOT, VENV_PY, Netns
+from rootskips import skip_unless
 from test_runtime import Fakes
 
 pytestmark = pytest.mark.root
 
-needs_reference = pytest.mark.skipif(not (REFERENCE_BIN / "bridge").exists(),
-                                     reason="reference plugins (containernetworking-plugins) "
-                                            "not installed")
+needs_reference = skip_unless((REFERENCE_BIN / "bridge").exists(), REFERENCE_PLUGINS)
 
 
 class Pycni:

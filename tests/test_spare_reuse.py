@@ -170,7 +170,7 @@ def test_spares_serve_pod_after_pod(host: Netns, pod: Netns, plugins: Plugins,
                                     start_daemon, tmp_path: Path) -> None:  # noqa: F811
     """The whole chain (nftables, conntrack, veth and ifb deletes with their helper threads,
     IPAM files), DEL of a pod whose netns is gone, errors: the spares come back every time."""
-    daemon = start_daemon(host)
+    daemon = start_daemon(host, "--max-spares", "2")  # no growth: these two serve every pod
     wait_for(lambda: len(daemon.named("pycni-spare")) == 2, "two spares")
     spares = set(daemon.named("pycni-spare"))
     daemon.wait_warm(spares)
@@ -180,8 +180,9 @@ def test_spares_serve_pod_after_pod(host: Netns, pod: Netns, plugins: Plugins,
         steps += len(run_chain(plugins, pod, scenario("chain", tmp_path / str(round_)),
                                daemon.env))
     daemon.wait_served(steps)
-    # both back (the pool may have grown by a spare for a request that found both busy)
-    wait_for(lambda: spares <= set(daemon.named("pycni-spare")), "both spares back")
+    # both back, and no other: none exited (a spare that does is replaced by a new one)
+    wait_for(lambda: set(daemon.named("pycni-spare")) == spares, "both spares back")
+    assert daemon.status()["spares"]["retired"] == 0
     assert NOT_BACK not in daemon.log.read_text()
     assert "spare is back" in daemon.log.read_text()
 

@@ -13,13 +13,12 @@ import json
 from pathlib import Path
 
 import pytest
-from cnitest import BIN, REFERENCE_BIN, Netns
+from cnitest import BIN, REFERENCE_BIN, REFERENCE_PLUGINS, Netns
+from rootskips import skip_unless
 from test_runtime_netns import Pycni
 
 pytestmark = [pytest.mark.root,
-              pytest.mark.skipif(not (REFERENCE_BIN / "bridge").exists(),
-                                 reason="reference plugins (containernetworking-plugins) "
-                                        "not installed")]
+              skip_unless((REFERENCE_BIN / "bridge").exists(), REFERENCE_PLUGINS)]
 
 SIDES = {"ours": str(BIN), "ref": str(REFERENCE_BIN)}
 CAPS = {"bandwidth": {"ingressRate": 8_000_000, "ingressBurst": 800_000,

@@ -1,8 +1,8 @@
 """Reliability harness: run sizes, which pieces exist, configs, the runtime CLI, killing on cue.
 
 Short runs (`make test`) and long runs (`make reliability`, PYCNI_LONG=1) execute the same code;
-only the counts differ. A test whose plugin or runtime module has not landed yet is skipped with
-the module's name, so it starts running the moment the module exists.
+only the counts differ. A test whose plugin or runtime module is missing names it as it skips,
+and fails instead under scripts/test.sh (`make test`, `make reliability`: tests/rootskips.py).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 from cnitest import BIN, ROOT, VENV_PY, Netns
+from rootskips import missing
 
 LONG = os.environ.get("PYCNI_LONG", "") not in ("", "0")
 CNI_VERSION = "1.1.0"
@@ -56,9 +56,9 @@ def have(module: str) -> bool:
 
 
 def need(*modules: str) -> None:
-    missing = [m for m in modules if not have(m)]
-    if missing:
-        pytest.skip(f"not landed yet: {', '.join(missing)}")
+    absent = [m for m in modules if not have(m)]
+    if absent:
+        missing(f"pycni's {', '.join(absent)} (not landed yet?)")
 
 
 # What a plugin cannot run without (bridge's IPAM in our test configs).
@@ -73,7 +73,7 @@ def need_plugins(*plugins: str) -> None:
 def need_runtime() -> None:
     need("cni.cli")
     if not _cli_has("gc"):
-        pytest.skip("not landed yet: the gc command in cni.cli")
+        missing("the gc command in cni.cli (not landed yet?)")
 
 
 def _cli_has(verb: str) -> bool:
@@ -452,9 +452,11 @@ def tally_phases(outcomes: Sequence[KillOutcome]) -> dict[str, int]:
 def kill_after(proc: subprocess.Popen, delay: float,
                targets: Callable[[subprocess.Popen], Sequence[int]] | None = None,
                stdin: bytes | None = None, phase: Phase = exec_phase,
-               until_verb: bool = False) -> KillOutcome:
+               until_verb: bool = False,
+               after_kill: Callable[[], None] | None = None) -> KillOutcome:
     """Let proc run for `delay` s (or, with until_verb, until `phase` says its verb started),
-    then SIGKILL the chosen pids (default: its whole session).
+    then SIGKILL the chosen pids (default: its whole session); then `after_kill` (what
+    `targets` held where the kill must land goes on).
 
     `landed` is whether something was still running and got killed: a kill that comes after
     the ADD finished tests nothing and is counted apart; `phase` where it landed.
@@ -486,6 +488,8 @@ def kill_after(proc: subprocess.Popen, delay: float,
                     pass
     if stopped:
         _signal_group(proc.pid, signal.SIGCONT)  # what was not killed goes on
+    if after_kill is not None:
+        after_kill()
     try:
         out, _ = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
