@@ -372,14 +372,26 @@ def test_an_idle_flood_does_not_block_a_real_request(host, pod, plugins, start_d
 
 # --- crashes, hangs, restarts ---------------------------------------------------------------
 
+_WRITERS: list[int] = []  # FIFO ends hang_conf's release() opened, closed after each test
+
+
+@pytest.fixture(autouse=True)
+def _close_fifo_writers() -> Iterator[None]:
+    yield
+    while _WRITERS:
+        os.close(_WRITERS.pop())
+
+
 def hang_conf(tmp_path: Path) -> tuple[str, Callable[[], None]]:
     """A CNI_NETNS that blocks whoever opens it (a FIFO), and how to release it."""
     fifo = tmp_path / "hang.fifo"
     os.mkfifo(fifo)
 
     def release() -> None:
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # the blocked open() returns
-        os.close(fd)
+        # A writer held open until the test ends: the blocked open() returns, and so does one
+        # the child has not reached yet (the shim's own reader lets a writer's open succeed
+        # before the child opens, and a writer closed at once would leave that open hanging).
+        _WRITERS.append(os.open(fifo, os.O_RDWR | os.O_NONBLOCK))
     return str(fifo), release
 
 
@@ -1019,6 +1031,8 @@ def test_with_the_pool_full_a_request_waits_for_a_spare_then_forks(
 
     impatient = start_daemon(host, "--spares", "1", "--max-spares", "1", "--spare-wait", "0.2")
     wait_for(lambda: impatient.status()["spares"]["warm"] == 1, "the spare warm")
+    (tmp_path / "impatient").mkdir()
+    fifo, release = hang_conf(tmp_path / "impatient")  # the first FIFO stays released
     hung = spawn(plugins, "ADD", fifo, impatient.env)
     wait_for(lambda: len(impatient.children()) == 1, "the hung request's child")
     code, out = finish(spawn(plugins, "ADD", pod.path, impatient.env, container_id="forks1"))
