@@ -82,15 +82,21 @@ def rules_naming(node: Node, *words: str) -> list[str]:
 
 @dataclass
 class CRINode:
-    """A node whose containerd serves CRI on cni bin/conf dirs; state is its /var/lib/cni."""
+    """A node whose runtime serves CRI on cni bin/conf dirs; state is its /var/lib/cni."""
 
     netns: Netns
     node: Node
-    ctrd: CRIContainerd
+    ctrd: Any  # clients.CRIContainerd or crionode.CRIO: its CRI .sock and pod .netns_dir
     cri: Any  # cri.client.CRIClient
     state: Path
     cgroup: str
     daemon: PycniDaemon | None
+
+
+def node_addresses(node_netns: Netns) -> None:
+    """The node's own addresses (NODE_ADDR, NODE_ADDR6), on its lo."""
+    node_netns.run("ip", "addr", "add", f"{NODE_ADDR}/32", "dev", "lo")
+    node_netns.run("ip", "addr", "add", f"{NODE_ADDR6}/128", "dev", "lo", "nodad")
 
 
 @contextlib.contextmanager
@@ -101,8 +107,7 @@ def cri_node(node_netns: Netns, tmp_path: Path, *, bin_dir: Path, conf_dir: Path
     imported and seen by CRI; everything stopped at exit, pods removed through CRI first."""
     from cri.client import CRIClient
 
-    node_netns.run("ip", "addr", "add", f"{NODE_ADDR}/32", "dev", "lo")
-    node_netns.run("ip", "addr", "add", f"{NODE_ADDR6}/128", "dev", "lo", "nodad")
+    node_addresses(node_netns)
     state = tmp_path / "var-lib-cni"  # the node's /var/lib/cni
     node = Node(node_netns.name, bin_dir=bin_dir, conf_dir=conf_dir, state_dir=state)
     with cleanup(node.stop), cgroup_parent() as cgroup:
@@ -125,6 +130,7 @@ def run_web_pod(n: CRINode, conf: dict[str, Any], log_dir: Path) -> tuple[Any, l
     IPs (one per range of the conflist, in its order: v4 first), each checked in its range."""
     from cri.client import PortMap
 
+    log_dir.mkdir(parents=True, exist_ok=True)  # kubelet makes it (CRI-O's conmon needs it)
     pod = n.cri.run_pod(
         "web", port_mappings=[PortMap(HOST_PORT, 80)],
         annotations={"kubernetes.io/ingress-bandwidth": "1M",
