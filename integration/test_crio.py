@@ -7,8 +7,9 @@ plugins; one DEL over them per pod (StopPodSandbox); hostPorts made by CRI-O its
 `ip crio-hostports` (portmap gets no portMappings, and the hostPort does not answer on
 127.0.0.1); runtimeConfig.bandwidth built from the annotations with both bursts 34359738359 (its
 "no burst given"). CRI-O runs with PYCNI_SHIM_FALLBACK=0: every plugin call is the daemon's.
-Also: CRI-O restarted under a live pod, the bin dir swapped with the reference v1.9.1 under a
-live pod both ways, and a 1M-annotated pod's traffic against an unshaped one's (iperf3).
+Also: CRI-O restarted under a live pod (it runs CHECK on the pods it restores), the bin dir
+swapped with the reference v1.9.1 under a live pod both ways, and a 1M-annotated pod's traffic
+against an unshaped one's (iperf3).
 """
 
 from __future__ import annotations
@@ -195,10 +196,15 @@ def test_crio_restarted_under_a_live_pod(node_netns, oci_image, pause_image, tmp
     bin_dir, conf_dir = install(tmp_path / "cni", conf)
     with crio_node(node_netns, tmp_path, bin_dir=bin_dir, conf_dir=conf_dir,
                    images=[pause_image, oci_image], daemon=True) as n:
+        assert n.daemon is not None
+        before = n.daemon.answered()
         pod, [ip] = run_web_pod(n, conf, tmp_path / "pod-logs")
         wait_http(n, NODE_ADDR, HOST_PORT)
+        assert_answered(n, before, CALLS_PER_POD["ADD"] + CALLS_PER_POD["CHECK"])
         n.ctrd.restart()
         n.cri.wait_ready()
+        # the restarted CRI-O checks each pod it restores: one more CHECK over the chain
+        assert_answered(n, before, CALLS_PER_POD["ADD"] + 2 * CALLS_PER_POD["CHECK"])
         # the pod kept its network: same address, answering directly and on the hostPort
         assert n.cri.pod_ids() == [pod.id]
         assert n.cri.pod_ip(pod.id) == (ip, [])
@@ -207,6 +213,7 @@ def test_crio_restarted_under_a_live_pod(node_netns, oci_image, pause_image, tmp
         wait_http(n, ip, 80)
         wait_http(n, NODE_ADDR, HOST_PORT)
         n.cri.stop_remove(pod.id, pod.containers)
+        assert_answered(n, before, sum(CALLS_PER_POD.values()) + CALLS_PER_POD["CHECK"])
         assert_clean(n, conf["name"], pod.id, [ip])
         assert masquerade_rules(n, pod.id) == []
 
