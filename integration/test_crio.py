@@ -170,8 +170,10 @@ def test_kubelet_pod_through_crio(node_netns, oci_image, pause_image, tmp_path) 
             f"{pod.id}\r\neth0".encode()
         entry = json.loads(cache_path(n, conf["name"], pod.id).read_text())
         caps = entry["capabilityArgs"]
-        # CRI-O passes no portMappings (it does hostPorts itself) and its "no burst" value
-        assert "portMappings" not in caps, caps
+        # CRI-O passes no portMappings (it does hostPorts itself), no dns, lowercase bandwidth
+        # keys with its "no burst" value, and the annotations
+        assert set(caps) == {"bandwidth", "io.kubernetes.cri.pod-annotations", "cgroupPath"}, \
+            caps
         assert caps["bandwidth"] == {"ingressRate": RATE, "ingressBurst": CRIO_NO_BURST,
                                      "egressRate": RATE, "egressBurst": CRIO_NO_BURST}, caps
 
