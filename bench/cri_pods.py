@@ -201,29 +201,11 @@ def bench_cri(names: list[str], pods: int, pods_no_daemon: int, add: Add,
     if missing := missing_tools(*TOOLS):
         error(f"CRI pods skipped: {', '.join(missing)} not installed")
         return
-    tmp = Path(tempfile.mkdtemp(prefix="pycni-bench-cri-"))
-    with cgroup_parent() as cgroup:  # removed once the pods are gone
-        sides: list[CRINode] = []
-        try:
-            pause = build_image(tmp / "pause", PAUSE_IMAGE, cmd=PAUSE_CMD)
-            for name in names:
-                sides.append(start_node(name, tmp, pause, daemon=name == "pycni+daemon",
-                                        no_daemon_socket="no daemon" in name))
-            for side in sides:
-                one_pod(side, 0, cgroup, None, error)
-            for i in range(max(pods, pods_no_daemon)):
-                k = i % len(sides)
-                for side in sides[k:] + sides[:k]:
-                    if i < (pods_no_daemon if "no daemon" in side.name else pods):
-                        one_pod(side, i + 1, cgroup, add, error)
-            for side in sides:
-                count_leftovers(side, "CRI pods leftovers after remove", add, error)
-        except Exception as e:  # noqa: BLE001 - the rest of the bench goes on
-            error(f"CRI pods: {type(e).__name__}: {e}")
-        finally:
-            for side in sides:
-                side.stop()
-            shutil.rmtree(tmp, ignore_errors=True)
+    _bench_sides(
+        "CRI pods", names,
+        lambda name, tmp, pause: start_node(name, tmp, pause, daemon=name == "pycni+daemon",
+                                            no_daemon_socket="no daemon" in name),
+        lambda name: pods_no_daemon if "no daemon" in name else pods, (RUN, STOP), add, error)
 
 
 def bench_crio(names: list[str], pods: int, add: Add, error: Callable[[str], None]) -> None:
@@ -235,23 +217,33 @@ def bench_crio(names: list[str], pods: int, add: Add, error: Callable[[str], Non
     if missing := missing_tools(*CRIO_TOOLS) + missing_crio():
         error(f"CRI-O pods skipped: {', '.join(missing)} missing")
         return
-    tmp = Path(tempfile.mkdtemp(prefix="pycni-bench-crio-"))
-    with cgroup_parent() as cgroup:
+    _bench_sides("CRI-O pods", names, start_crio_node, lambda name: pods,
+                 (CRIO_RUN, CRIO_STOP), add, error)
+
+
+def _bench_sides(what: str, names: list[str], start: Callable[[str, Path, Path], CRINode],
+                 pods_of: Callable[[str], int], rows: tuple[str, str], add: Add,
+                 error: Callable[[str], None]) -> None:
+    """A node per side (start(name, tmp, pause image)), a warm-up pod each, pods_of(side) pods
+    one at a time, the sides interleaved (rotating which goes first); then the leftovers."""
+    tmp = Path(tempfile.mkdtemp(prefix="pycni-bench-cri-"))
+    with cgroup_parent() as cgroup:  # removed once the pods are gone
         sides: list[CRINode] = []
         try:
             pause = build_image(tmp / "pause", PAUSE_IMAGE, cmd=PAUSE_CMD)
             for name in names:
-                sides.append(start_crio_node(name, tmp, pause))
+                sides.append(start(name, tmp, pause))
             for side in sides:
                 one_pod(side, 0, cgroup, None, error)
-            for i in range(pods):
+            for i in range(max(pods_of(side.name) for side in sides)):
                 k = i % len(sides)
                 for side in sides[k:] + sides[:k]:
-                    one_pod(side, i + 1, cgroup, add, error, (CRIO_RUN, CRIO_STOP))
+                    if i < pods_of(side.name):
+                        one_pod(side, i + 1, cgroup, add, error, rows)
             for side in sides:
-                count_leftovers(side, "CRI-O pods leftovers after remove", add, error)
+                count_leftovers(side, f"{what} leftovers after remove", add, error)
         except Exception as e:  # noqa: BLE001 - the rest of the bench goes on
-            error(f"CRI-O pods: {type(e).__name__}: {e}")
+            error(f"{what}: {type(e).__name__}: {e}")
         finally:
             for side in sides:
                 side.stop()

@@ -22,15 +22,12 @@ from clients import (
     PAUSE_IMAGE,
     ROOT,
     Node,
-    PycniDaemon,
-    cgroup_parent,
-    cleanup,
     kill_processes_mentioning,
     terminate,
     wait_for,
 )
 from cnitest import Netns
-from crinode import HTTPD, CRINode, node_addresses
+from crinode import CRINode, runtime_node
 
 SHARED_BIN = (ROOT / ".." / "shared" / "reference" / "bin").resolve()  # as bench/fullnode.py
 CRIO_BIN = SHARED_BIN / "crio"
@@ -191,20 +188,10 @@ def crio_node(node_netns: Netns, tmp_path: Path, *, bin_dir: Path, conf_dir: Pat
               images: list[Path], daemon: bool) -> Iterator[CRINode]:
     """crinode.cri_node's node with CRI-O instead of containerd: CRI-O on bin_dir and conf_dir
     (with `pycni daemon` on and in CRI-O's environment if asked), the images in its storage."""
-    from cri.client import CRIClient
+    def crio(node: Node, env: dict[str, str] | None) -> CRIO:
+        return CRIO(node, tmp_path / "crio", cni_bin=bin_dir, cni_conf=conf_dir, env=env)
 
-    node_addresses(node_netns)
-    state = tmp_path / "var-lib-cni"  # the node's /var/lib/cni: libcni's cache
-    node = Node(node_netns.name, bin_dir=bin_dir, conf_dir=conf_dir, state_dir=state)
-    with cleanup(node.stop), cgroup_parent() as cgroup:
-        pycni_d = PycniDaemon(node, tmp_path / "daemon") if daemon else None
-        crio = CRIO(node, tmp_path / "crio", cni_bin=bin_dir, cni_conf=conf_dir,
-                    env=pycni_d.env if pycni_d else None)
-        with cleanup(crio.stop, *([pycni_d.stop] if pycni_d else [])):
-            crio.load_images(images)
-            with CRIClient(str(crio.sock)) as cri:
-                info = cri.wait_ready()
-                assert info["runtime_name"] == "cri-o", info
-                cri.wait_image(PAUSE_IMAGE)
-                cri.wait_image(HTTPD)
-                yield CRINode(node_netns, node, crio, cri, state, cgroup, pycni_d)
+    with runtime_node(node_netns, tmp_path, bin_dir=bin_dir, conf_dir=conf_dir, daemon=daemon,
+                      start=crio, load=lambda runtime: runtime.load_images(images),
+                      runtime_name="cri-o") as n:
+        yield n

@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -152,13 +153,21 @@ def assert_clean(n: CRINode, network: str, pod_id: str, ips: list[str]) -> None:
     assert http_get(n.node, NODE_ADDR, HOST_PORT) == ""
 
 
-def test_kubelet_pod_through_crio(node_netns, oci_image, pause_image, tmp_path) -> None:
-    require_crio()
+@contextlib.contextmanager
+def pycni_crio_node(node_netns, tmp_path: Path, images: list[Path], *tools: str) -> \
+        Iterator[tuple[CRINode, dict]]:
+    """A CRI-O node with pycni installed and its daemon on; the node and the conflist."""
+    require_crio(*tools)
     conf = crio_conflist()
     bin_dir, conf_dir = install(tmp_path / "cni", conf)
-    with crio_node(node_netns, tmp_path, bin_dir=bin_dir, conf_dir=conf_dir,
-                   images=[pause_image, oci_image], daemon=True) as n:
+    with crio_node(node_netns, tmp_path, bin_dir=bin_dir, conf_dir=conf_dir, images=images,
+                   daemon=True) as n:
         assert n.daemon is not None
+        yield n, conf
+
+
+def test_kubelet_pod_through_crio(node_netns, oci_image, pause_image, tmp_path) -> None:
+    with pycni_crio_node(node_netns, tmp_path, [pause_image, oci_image]) as (n, conf):
         before = n.daemon.answered()
         pod, ips = run_web_pod(n, conf, tmp_path / "pod-logs")
         [ip] = ips
@@ -193,12 +202,7 @@ def test_kubelet_pod_through_crio(node_netns, oci_image, pause_image, tmp_path) 
 
 
 def test_crio_restarted_under_a_live_pod(node_netns, oci_image, pause_image, tmp_path) -> None:
-    require_crio()
-    conf = crio_conflist()
-    bin_dir, conf_dir = install(tmp_path / "cni", conf)
-    with crio_node(node_netns, tmp_path, bin_dir=bin_dir, conf_dir=conf_dir,
-                   images=[pause_image, oci_image], daemon=True) as n:
-        assert n.daemon is not None
+    with pycni_crio_node(node_netns, tmp_path, [pause_image, oci_image]) as (n, conf):
         before = n.daemon.answered()
         pod, [ip] = run_web_pod(n, conf, tmp_path / "pod-logs")
         wait_http(n, NODE_ADDR, HOST_PORT)
@@ -308,11 +312,7 @@ def test_a_1m_annotated_crio_pod_runs_at_1_mbit(node_netns, oci_image, pause_ima
                                                 iperf_server) -> None:
     """A pod annotated 1M both ways, against an unshaped pod of the same node, same test: the
     shaper, not the busy box, sets the rate (ratios, as tests/test_bandwidth_traffic.py)."""
-    require_crio("iperf3")
-    conf = crio_conflist()
-    bin_dir, conf_dir = install(tmp_path / "cni", conf)
-    with crio_node(node_netns, tmp_path, bin_dir=bin_dir, conf_dir=conf_dir,
-                   images=[pause_image, oci_image], daemon=True) as n:
+    with pycni_crio_node(node_netns, tmp_path, [pause_image, oci_image], "iperf3") as (n, conf):
         shaped = n.cri.run_pod("shaped", cgroup_parent=n.cgroup, annotations={
             "kubernetes.io/ingress-bandwidth": "1M", "kubernetes.io/egress-bandwidth": "1M"})
         [shaped_ns] = n.ctrd.netns_dir.iterdir()
