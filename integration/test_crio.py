@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clients import ROOT, VENV_PY, cri_conflist, install, need, pycni, wait_for
+from clients import ROOT, VENV_PY, cri_conflist, install, missing_tools, need, pycni, wait_for
 from crinode import (
     BODY,
     HOST_PORT,
@@ -69,9 +69,12 @@ def crio_conflist() -> dict:
 
 
 def require_crio(*tools: str) -> None:
-    if missing := missing_crio():
-        pytest.fail(f"CRI-O's test tools missing (../shared/reference/bin): {missing}")
-    need(*TOOLS, *tools)
+    """Root and namespaces (else a skip, which rootskips fails as root), then a failure, not a
+    skip, for anything of shared/ or setup.sh's APT_TEST that is missing."""
+    need()
+    if missing := missing_crio() + missing_tools(*TOOLS, *tools):
+        pytest.fail(f"CRI-O's test tools missing (../shared/reference/bin, scripts/setup.sh): "
+                    f"{missing}")
 
 
 def pod_netns(n: CRINode) -> Path:
