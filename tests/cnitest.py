@@ -115,9 +115,9 @@ def probe_binary(plugin: str, env: dict[str, str], stdin: bytes = b"",
     the namespace `netns`, if given), and report (its stdout, its exit code, which of the
     `watch` modules it imported)."""
     probe = (
-        "import json, os, runpy, sys\n"
+        "import json, os, posix, runpy, sys\n"
         f"os.environ.clear(); os.environ.update({env!r})\n"
-        "os._exit = sys.exit  # the shim leaves by os._exit: come back here to look\n"
+        "posix._exit = sys.exit  # the shim leaves by posix._exit: come back here to look\n"
         "code = 0\n"
         "try:\n"
         f"    runpy.run_path({str(BIN / plugin)!r}, run_name='__main__')  # sets argv[0]\n"

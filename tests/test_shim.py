@@ -23,7 +23,7 @@ PLUGINS = sorted(registry.NAMES)
 # Runs the shim the way bin/cni-plugin does, then lists what it imported (to a file: the shim
 # owns stdout and stderr).
 PROBE = r"""
-import os, sys
+import sys
 sys.path[:0] = [{root!r}]
 from cni.fast.main import main
 rc = main({plugin!r})
@@ -34,8 +34,9 @@ sys.exit(rc)
 # What the shim itself may import from the project: all stdlib-only modules.
 OWN_MODULES = {"cni", "cni.fast", "cni.fast.main", "cni.fast.shim", "cni.fast.protocol",
                "cni.deleted", "cni.host", "cni.host.nsfd"}
-# Stdlib modules that cost more than interpreter start-up: not on the hot paths.
-EXPENSIVE = {"json", "re", "dataclasses", "typing", "enum", "socket", "inspect", "ast"}
+# Stdlib modules that cost more than interpreter start-up: not on the hot paths. And os: 1-2 ms
+# of CPU (os.environ, _collections_abc, posixpath), a fifth of the shim's own (posix does).
+EXPENSIVE = {"json", "re", "dataclasses", "typing", "enum", "socket", "inspect", "ast", "os"}
 
 
 def run_probe(tmp_path, plugin: str, env: dict, stdin: bytes,

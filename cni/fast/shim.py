@@ -8,9 +8,14 @@ the daemon path only: VERSION does not import it).
   namespaces; its reply is relayed as is.
 - Everything else, and any request the daemon never accepted: skel.run in-process, same result
   (unless PYCNI_SHIM_FALLBACK=0: then error 11 naming the socket, see no_daemon).
+
+posix, not os: os is posix with Python around it, and importing it (os.environ decoding every
+variable, _collections_abc, stat, posixpath) costs 1-2 ms of CPU, a fifth of the shim's own; the
+paths that go on to import skel or cni.deleted (which import os anyway) use os.
 """
 
-import os
+import posix
+import sys
 
 DAEMON_COMMANDS = ("ADD", "CHECK", "DEL", "GC", "STATUS")
 # Copies of cni.spec.version.SUPPORTED / CURRENT and skel.MAX_STDIN: importing those modules
@@ -26,8 +31,8 @@ Reply = tuple[bytes, bytes, int]  # stdout, stderr, exit code
 
 
 def main(argv0: str) -> int:
-    plugin = os.path.basename(argv0)
-    command = os.environ.get("CNI_COMMAND", "")
+    plugin = argv0.rpartition("/")[2]  # os.path.basename
+    command = getenv("CNI_COMMAND")
     stdin = read_stdin()
     reply: Reply | None = None
     if command == "VERSION":
@@ -38,9 +43,9 @@ def main(argv0: str) -> int:
     elif command in DAEMON_COMMANDS and len(stdin) <= MAX_STDIN:
         from cni.fast import protocol as proto  # off VERSION's path: it loads _struct
 
-        path = os.environ.get(proto.SOCKET_ENV) or proto.DEFAULT_SOCKET
+        path = getenv(proto.SOCKET_ENV) or proto.DEFAULT_SOCKET
         reply = call_daemon(plugin, stdin, path)
-        if reply is None and os.environ.get(proto.FALLBACK_ENV) == "0":
+        if reply is None and getenv(proto.FALLBACK_ENV) == "0":
             reply = no_daemon(stdin, path)
     if reply is None:
         reply = in_process(plugin, stdin)
@@ -49,7 +54,14 @@ def main(argv0: str) -> int:
     return reply[2]
 
 
+def getenv(name: str) -> str:
+    """os.environ.get(name, ""), from posix.environ's bytes decoded as os.fsdecode does."""
+    value = posix.environ.get(name.encode(), b"")
+    return value.decode(sys.getfilesystemencoding(), "surrogateescape")
+
+
 def _already_clean(plugin: str) -> bool:
+    import os
     import time
 
     from cni import deleted
@@ -60,10 +72,8 @@ def _already_clean(plugin: str) -> bool:
 def leave(code: int) -> None:  # never returns (typing.NoReturn: importing typing costs 7 ms)
     """Exit with `code`, skipping interpreter finalization: module teardown and a last GC cost
     ~1 ms after the shim alone and ~60 ms after an in-process run (pyroute2, pydantic ...).
-    Nothing is lost: replies go out through os.write, plugin code writes files through fds or
+    Nothing is lost: replies go out through posix.write, plugin code writes files through fds or
     `with` blocks, and no atexit handler but logging's (no handlers configured) is registered."""
-    import sys
-
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -71,10 +81,12 @@ def leave(code: int) -> None:  # never returns (typing.NoReturn: importing typin
             pass  # closed or None: nothing buffered there
     if "logging" in sys.modules:
         sys.modules["logging"].shutdown()
-    os._exit(code)
+    posix._exit(code)
 
 
 def in_process(plugin: str, stdin: bytes) -> Reply:
+    import os
+
     from cni import skel
 
     reply = skel.run(plugin, dict(os.environ), stdin)
@@ -127,7 +139,7 @@ def call_daemon(plugin: str, stdin: bytes, path: str) -> Reply | None:
 
     # Built before connecting: the request is then in the socket the moment the daemon
     # accepts, and the daemon reads it in the same step.
-    roles, fds = open_fds(os.environ.get("CNI_NETNS", ""))
+    roles, fds = open_fds(getenv("CNI_NETNS"))
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         data = _request(plugin, stdin, roles)
@@ -142,22 +154,21 @@ def call_daemon(plugin: str, stdin: bytes, path: str) -> Reply | None:
     finally:
         sock.close()
         for fd in fds:
-            os.close(fd)
+            posix.close(fd)
 
 
 def _request(plugin: str, stdin: bytes, roles: int) -> bytes:
     from cni.fast import protocol as proto
 
-    env = proto.encode_env(dict(os.environb))
-    umask = os.umask(0o022)
-    os.umask(umask)
+    env = proto.encode_env(posix.environ)  # os.environb's bytes
+    umask = posix.umask(0o022)
+    posix.umask(umask)
     return proto.encode_request(plugin, env, stdin, roles, umask)
 
 
 def _send(sock, data: bytes, fds: list[int]) -> bool:
     """Send the request with its fds; False if the daemon hung up first (it cannot have run)."""
     import _socket
-    import sys
 
     packed = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds)  # int[]
     try:
@@ -179,12 +190,12 @@ def open_fds(netns: str) -> tuple[int, list[int]]:
         fd = open_netns(netns)
         if fd is not None:
             roles, fds = proto.ROLE_NETNS, [fd]
-    flags = os.O_RDONLY | os.O_CLOEXEC
+    flags = posix.O_RDONLY | posix.O_CLOEXEC
     for role, path, extra in ((proto.ROLE_CALLER_NET, "/proc/thread-self/ns/net", 0),
                               (proto.ROLE_CALLER_MNT, "/proc/thread-self/ns/mnt", 0),
-                              (proto.ROLE_CWD, ".", os.O_PATH | os.O_DIRECTORY)):
+                              (proto.ROLE_CWD, ".", posix.O_PATH | posix.O_DIRECTORY)):
         try:
-            fds.append(os.open(path, flags | extra))
+            fds.append(posix.open(path, flags | extra))
         except OSError:
             continue
         roles |= role
@@ -196,7 +207,8 @@ def open_netns(path: str) -> int | None:
     namespace is the daemon's child's to check (fcntl is loaded there, not here): one that is
     not is dropped and the plugin opens the path itself, as in-process."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # never block on a FIFO
+        # O_NONBLOCK: never block on a FIFO
+        return posix.open(path, posix.O_RDONLY | posix.O_CLOEXEC | posix.O_NONBLOCK)
     except OSError:
         return None
 
@@ -257,10 +269,10 @@ def no_daemon(stdin: bytes, path: str) -> Reply:
 
 def read_stdin() -> bytes:
     try:
-        if os.isatty(0):
+        if posix.isatty(0):
             return b""
         chunks = []
-        while chunk := os.read(0, 1 << 20):
+        while chunk := posix.read(0, 1 << 20):
             chunks.append(chunk)
         return b"".join(chunks)
     except OSError:
@@ -271,6 +283,6 @@ def write(fd: int, data: bytes) -> None:
     view = memoryview(data)
     try:
         while view:
-            view = view[os.write(fd, view):]
+            view = view[posix.write(fd, view):]
     except OSError:
         pass  # the reader went away; the exit code still tells
