@@ -6,6 +6,11 @@ portmap, bandwidth; containerd adds loopback), and pods that carry a hostPort an
 annotations. Per pod: RunPodSandbox (netns, pause container, CNI ADD), then
 StopPodSandbox + RemovePodSandbox (CNI DEL, and 1.6's second DEL with an empty netns), timed
 from the client, the sides interleaved. Afterwards each node must hold nothing of any pod.
+
+The same through CRI-O 1.33 (integration/crionode.py; bench_crio): pycni with its daemon and
+the reference v1.9.1 (../shared/reference/bin), both on the nftables backends. CRI-O runs ADD
+then CHECK over the chain at RunPodSandbox and one DEL at StopPodSandbox. Run alone:
+`.venv/bin/python bench/cri_pods.py --crio-pods N` (root).
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ REFERENCE = Path("/usr/lib/cni")
 TOOLS = ("containerd", "ctr", "runc", "buildah", "nsenter", "unshare", "iptables")
 ANNOTATIONS = {"kubernetes.io/ingress-bandwidth": "100M", "kubernetes.io/egress-bandwidth": "100M"}
 RUN, STOP = "CRI RunPodSandbox", "CRI StopPodSandbox+RemovePodSandbox"
+CRIO_RUN, CRIO_STOP = "CRI-O RunPodSandbox", "CRI-O StopPodSandbox+RemovePodSandbox"
+V19 = "reference v1.9.1"  # bench/run.py's name of the side
 Add = Callable[[str, str, float], None]
 
 
@@ -53,7 +60,7 @@ class CRINode:
     name: str
     netns: str
     node: Node
-    ctrd: CRIContainerd
+    ctrd: Any  # CRIContainerd, or crionode.CRIO
     state: Path
     network: str
     daemon: PycniDaemon | None = None
@@ -61,7 +68,7 @@ class CRINode:
     pods: list[str] = field(default_factory=list)
 
     def stop(self) -> None:
-        for stop in (getattr(self.client, "close", None), self.ctrd.stop,
+        for stop in (getattr(self.client, "close", None), getattr(self.ctrd, "stop", None),
                      self.daemon.stop if self.daemon else None, self.node.stop):
             try:
                 if stop:
@@ -73,13 +80,50 @@ class CRINode:
 
 def start_node(name: str, tmp: Path, pause: Path, daemon: bool, no_daemon_socket: bool) -> \
         CRINode:
+    reference = name == "reference"
+    conf = cri_conflist(reference=reference)
+
+    def runtime(node: Node, work: Path, bin_dir: Path, conf_dir: Path,
+                env: dict[str, str] | None) -> Any:
+        ctrd = CRIContainerd(node, work / "containerd", cni_bin=bin_dir, cni_conf=conf_dir,
+                             sandbox_image=PAUSE_IMAGE, env=env)
+        ctrd.ctr("images", "import", str(pause))
+        return ctrd
+
+    return _start(name, tmp, conf, REFERENCE if reference else None, runtime, daemon,
+                  no_daemon_socket)
+
+
+def start_crio_node(name: str, tmp: Path, pause: Path) -> CRINode:
+    """A CRI-O node: pycni with its daemon, or the reference v1.9.1 (name V19)."""
+    from crionode import CRIO, SHARED_BIN
+
+    conf = cri_conflist()
+    conf["plugins"][0]["ipMasqBackend"] = "nftables"  # v1.9.1 and pycni alike
+
+    def runtime(node: Node, work: Path, bin_dir: Path, conf_dir: Path,
+                env: dict[str, str] | None) -> Any:
+        crio = CRIO(node, work / "crio", cni_bin=bin_dir, cni_conf=conf_dir, env=env)
+        try:
+            crio.load_images([pause])
+        except Exception:
+            crio.stop()
+            raise
+        return crio
+
+    return _start(f"crio {name}", tmp, conf, SHARED_BIN if name == V19 else None, runtime,
+                  daemon=name != V19, no_daemon_socket=False, shown=name)
+
+
+def _start(name: str, tmp: Path, conf: dict[str, Any], reference: Path | None, runtime,
+           daemon: bool, no_daemon_socket: bool, shown: str | None = None) -> CRINode:
+    """The node of one side: its netns, the plugins (`reference`'s dir, or pycni installed),
+    pycni's daemon if asked, the CRI runtime `runtime` starts, the client ready."""
     from cri.client import CRIClient
 
     work = tmp / name.replace(" ", "_").replace("(", "").replace(")", "").replace("+", "_")
-    reference = name == "reference"
-    conf = cri_conflist(reference=reference)
-    if reference:
-        bin_dir, conf_dir = REFERENCE, work / "net.d"
+    if reference is not None:
+        bin_dir, conf_dir = reference, work / "net.d"
         conf_dir.mkdir(parents=True)
         (conf_dir / "10-pycni.conflist").write_text(json.dumps(conf))
     else:
@@ -92,12 +136,10 @@ def start_node(name: str, tmp: Path, pause: Path, daemon: bool, no_daemon_socket
     d = PycniDaemon(node, work / "daemon") if daemon else None
     env = d.env if d else ({"PYCNI_SOCKET": str(work / "no-daemon.sock")}
                            if no_daemon_socket else None)
-    ctrd = CRIContainerd(node, work / "containerd", cni_bin=bin_dir, cni_conf=conf_dir,
-                         sandbox_image=PAUSE_IMAGE, env=env)
-    side = CRINode(name, netns, node, ctrd, state, conf["name"], d)
+    side = CRINode(shown or name, netns, node, None, state, conf["name"], d)
     try:
-        ctrd.ctr("images", "import", str(pause))
-        side.client = CRIClient(str(ctrd.sock))
+        side.ctrd = runtime(node, work, bin_dir, conf_dir, env)
+        side.client = CRIClient(str(side.ctrd.sock))
         side.client.wait_ready()
         side.client.wait_image(PAUSE_IMAGE)
     except Exception:
@@ -107,8 +149,9 @@ def start_node(name: str, tmp: Path, pause: Path, daemon: bool, no_daemon_socket
 
 
 def one_pod(side: CRINode, index: int, cgroup: str, add: Add | None,
-            error: Callable[[str], None]) -> None:
-    """RunPodSandbox, then StopPodSandbox + RemovePodSandbox; add=None is a warm-up."""
+            error: Callable[[str], None], rows: tuple[str, str] = (RUN, STOP)) -> None:
+    """RunPodSandbox, then StopPodSandbox + RemovePodSandbox; add=None is a warm-up; rows are
+    the two metrics' names (containerd's by default)."""
     from cri.client import PortMap
 
     client = side.client
@@ -132,8 +175,22 @@ def one_pod(side: CRINode, index: int, cgroup: str, add: Add | None,
         return
     stop_ms = (time.perf_counter() - start) * 1000
     if add:
-        add(RUN, side.name, run_ms)
-        add(STOP, side.name, stop_ms)
+        add(rows[0], side.name, run_ms)
+        add(rows[1], side.name, stop_ms)
+
+
+def count_leftovers(side: CRINode, metric: str, add: Add, error: Callable[[str], None]) -> None:
+    """The node's leftovers of every pod: veths, ifbs, reservations, cache files, rules naming
+    a pod."""
+    ip_json = lambda *a, n=side.node: json.loads(  # noqa: E731
+        n.run("ip", "-j", *a).stdout or "[]")
+    left = leftovers(ip_json, side.state, side.network, side.pods)
+    rules = side.node.run("nft", "list", "ruleset").stdout + side.node.run(
+        "iptables-save", check=False).stdout
+    left += [f"rule naming {p[:12]}" for p in side.pods if p in rules]
+    add(metric, side.name, len(left))
+    for item in left[:10]:
+        error(f"[{side.name}] {metric}: {item}")
 
 
 def bench_cri(names: list[str], pods: int, pods_no_daemon: int, add: Add,
@@ -144,34 +201,81 @@ def bench_cri(names: list[str], pods: int, pods_no_daemon: int, add: Add,
     if missing := missing_tools(*TOOLS):
         error(f"CRI pods skipped: {', '.join(missing)} not installed")
         return
+    _bench_sides(
+        "CRI pods", names,
+        lambda name, tmp, pause: start_node(name, tmp, pause, daemon=name == "pycni+daemon",
+                                            no_daemon_socket="no daemon" in name),
+        lambda name: pods_no_daemon if "no daemon" in name else pods, (RUN, STOP), add, error)
+
+
+def bench_crio(names: list[str], pods: int, add: Add, error: Callable[[str], None]) -> None:
+    """`pods` pods one at a time per side through CRI-O, the sides interleaved (rotating which
+    goes first), after a warm-up pod each; then each node's leftovers."""
+    from crionode import TOOLS as CRIO_TOOLS
+    from crionode import missing_crio
+
+    if missing := missing_tools(*CRIO_TOOLS) + missing_crio():
+        error(f"CRI-O pods skipped: {', '.join(missing)} missing")
+        return
+    _bench_sides("CRI-O pods", names, start_crio_node, lambda name: pods,
+                 (CRIO_RUN, CRIO_STOP), add, error)
+
+
+def _bench_sides(what: str, names: list[str], start: Callable[[str, Path, Path], CRINode],
+                 pods_of: Callable[[str], int], rows: tuple[str, str], add: Add,
+                 error: Callable[[str], None]) -> None:
+    """A node per side (start(name, tmp, pause image)), a warm-up pod each, pods_of(side) pods
+    one at a time, the sides interleaved (rotating which goes first); then the leftovers."""
     tmp = Path(tempfile.mkdtemp(prefix="pycni-bench-cri-"))
     with cgroup_parent() as cgroup:  # removed once the pods are gone
         sides: list[CRINode] = []
         try:
             pause = build_image(tmp / "pause", PAUSE_IMAGE, cmd=PAUSE_CMD)
             for name in names:
-                sides.append(start_node(name, tmp, pause, daemon=name == "pycni+daemon",
-                                        no_daemon_socket="no daemon" in name))
+                sides.append(start(name, tmp, pause))
             for side in sides:
                 one_pod(side, 0, cgroup, None, error)
-            for i in range(max(pods, pods_no_daemon)):
+            for i in range(max(pods_of(side.name) for side in sides)):
                 k = i % len(sides)
                 for side in sides[k:] + sides[:k]:
-                    if i < (pods_no_daemon if "no daemon" in side.name else pods):
-                        one_pod(side, i + 1, cgroup, add, error)
+                    if i < pods_of(side.name):
+                        one_pod(side, i + 1, cgroup, add, error, rows)
             for side in sides:
-                ip_json = lambda *a, n=side.node: json.loads(  # noqa: E731
-                    n.run("ip", "-j", *a).stdout or "[]")
-                left = leftovers(ip_json, side.state, side.network, side.pods)
-                rules = side.node.run("nft", "list", "ruleset").stdout + side.node.run(
-                    "iptables-save", check=False).stdout
-                left += [f"rule naming {p[:12]}" for p in side.pods if p in rules]
-                add("CRI pods leftovers after remove", side.name, len(left))
-                for item in left[:10]:
-                    error(f"[{side.name}] CRI leftover {item}")
+                count_leftovers(side, f"{what} leftovers after remove", add, error)
         except Exception as e:  # noqa: BLE001 - the rest of the bench goes on
-            error(f"CRI pods: {type(e).__name__}: {e}")
+            error(f"{what}: {type(e).__name__}: {e}")
         finally:
             for side in sides:
                 side.stop()
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> int:
+    """The CRI-O part alone: medians and pycni's ratio to v1.9.1."""
+    import argparse
+    import statistics
+
+    from run import enter_private_mounts
+
+    parser = argparse.ArgumentParser(description="CRI-O pods, pycni vs the reference v1.9.1")
+    parser.add_argument("--crio-pods", type=int, default=5)
+    args = parser.parse_args()
+    enter_private_mounts()
+    values: dict[str, dict[str, list[float]]] = {}
+    errors: list[str] = []
+    bench_crio([V19, "pycni+daemon"], args.crio_pods,
+               lambda m, side, v: values.setdefault(m, {}).setdefault(side, []).append(v),
+               errors.append)
+    for metric, by in values.items():
+        med = {side: statistics.median(v) for side, v in by.items()}
+        shown = ", ".join(f"{side} {m:.1f}" for side, m in med.items())
+        ratio = (f"; ratio {med['pycni+daemon'] / med[V19]:.2f}x"
+                 if med.get(V19) and "pycni+daemon" in med else "")
+        print(f"{metric}: {shown}{ratio}")
+    for e in errors:
+        print(f"error: {e}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -540,6 +540,9 @@ def main() -> int:
     parser.add_argument("--cri-pods-no-daemon", type=int, default=None,
                         help="CRI pods without the daemon (each takes seconds; default 3, "
                              "or none with --cri-pods 0)")
+    parser.add_argument("--crio-pods", type=int, default=10,
+                        help="pods through CRI-O per side (pycni+daemon, v1.9.1), one at a time "
+                             "(0: none)")
     parser.add_argument("--no-full-node", action="store_true",
                         help="skip the full-node section (bench/fullnode.py; its fills: "
                              "PYCNI_BENCH_FILL, default 0,110,250)")
@@ -587,6 +590,11 @@ def main() -> int:
                       args.cri_pods_no_daemon,
                       s.add, s.errors.append)
             note_load("after CRI")
+        if args.crio_pods and any(side.name == V19 for side in sides):
+            from cri_pods import bench_crio
+
+            bench_crio([V19, "pycni+daemon"], args.crio_pods, s.add, s.errors.append)
+            note_load("after CRI-O")
         if not args.no_full_node:
             from fullnode import run_section  # its own nodes, daemon and cnitool
 
@@ -602,7 +610,9 @@ def main() -> int:
              f"VERSION per plugin, {args.pods} concurrent pods x {args.rounds} rounds "
              f"({args.rounds_no_daemon} without the daemon), interleaved; "
              f"{args.cri_pods} pods through containerd's CRI per side "
-             f"({args.cri_pods_no_daemon} without the daemon), one at a time, interleaved", ""]
+             f"({args.cri_pods_no_daemon} without the daemon), one at a time, interleaved; "
+             f"{args.crio_pods} pods through CRI-O 1.33 per side (pycni+daemon, {V19}), one at "
+             "a time, interleaved", ""]
     lines.append(table(s, sides, rss_lines(s, sides, daemon_kb, burst_kb)))
     if full_node:
         lines += ["", *full_node]

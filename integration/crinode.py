@@ -10,7 +10,7 @@ import ipaddress
 import json
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,15 +82,21 @@ def rules_naming(node: Node, *words: str) -> list[str]:
 
 @dataclass
 class CRINode:
-    """A node whose containerd serves CRI on cni bin/conf dirs; state is its /var/lib/cni."""
+    """A node whose runtime serves CRI on cni bin/conf dirs; state is its /var/lib/cni."""
 
     netns: Netns
     node: Node
-    ctrd: CRIContainerd
+    ctrd: Any  # clients.CRIContainerd or crionode.CRIO: its CRI .sock and pod .netns_dir
     cri: Any  # cri.client.CRIClient
     state: Path
     cgroup: str
     daemon: PycniDaemon | None
+
+
+def node_addresses(node_netns: Netns) -> None:
+    """The node's own addresses (NODE_ADDR, NODE_ADDR6), on its lo."""
+    node_netns.run("ip", "addr", "add", f"{NODE_ADDR}/32", "dev", "lo")
+    node_netns.run("ip", "addr", "add", f"{NODE_ADDR6}/128", "dev", "lo", "nodad")
 
 
 @contextlib.contextmanager
@@ -99,25 +105,44 @@ def cri_node(node_netns: Netns, tmp_path: Path, *, bin_dir: Path, conf_dir: Path
     """The node (with NODE_ADDR, NODE_ADDR6 on its lo), containerd with CRI on bin_dir and
     conf_dir (with `pycni daemon` on and in containerd's environment if asked), the images
     imported and seen by CRI; everything stopped at exit, pods removed through CRI first."""
+    def containerd(node: Node, env: dict[str, str] | None) -> CRIContainerd:
+        return CRIContainerd(node, tmp_path / "containerd", cni_bin=bin_dir, cni_conf=conf_dir,
+                             sandbox_image=PAUSE_IMAGE, env=env)
+
+    def load(ctrd: CRIContainerd) -> None:
+        for image in images:
+            ctrd.ctr("images", "import", str(image))
+
+    with runtime_node(node_netns, tmp_path, bin_dir=bin_dir, conf_dir=conf_dir, daemon=daemon,
+                      start=containerd, load=load, runtime_name="containerd") as n:
+        yield n
+
+
+@contextlib.contextmanager
+def runtime_node(node_netns: Netns, tmp_path: Path, *, bin_dir: Path, conf_dir: Path,
+                 daemon: bool, start: Callable[[Node, dict[str, str] | None], Any],
+                 load: Callable[[Any], None], runtime_name: str) -> Iterator[CRINode]:
+    """The node with a CRI runtime that start(node, env) starts (env: the daemon's, for the
+    runtime to pass on to the plugins) and load(runtime) gives its images, CRI's
+    `runtime_name`; `pycni daemon` on if asked; everything stopped at exit (the runtime's stop
+    removes its pods through CRI first)."""
     from cri.client import CRIClient
 
-    node_netns.run("ip", "addr", "add", f"{NODE_ADDR}/32", "dev", "lo")
-    node_netns.run("ip", "addr", "add", f"{NODE_ADDR6}/128", "dev", "lo", "nodad")
+    node_addresses(node_netns)
     state = tmp_path / "var-lib-cni"  # the node's /var/lib/cni
     node = Node(node_netns.name, bin_dir=bin_dir, conf_dir=conf_dir, state_dir=state)
     with cleanup(node.stop), cgroup_parent() as cgroup:
         pycni_d = PycniDaemon(node, tmp_path / "daemon") if daemon else None
-        ctrd = CRIContainerd(node, tmp_path / "containerd", cni_bin=bin_dir, cni_conf=conf_dir,
-                             sandbox_image=PAUSE_IMAGE, env=pycni_d.env if pycni_d else None)
-        with cleanup(ctrd.stop, *([pycni_d.stop] if pycni_d else [])):
-            for image in images:
-                ctrd.ctr("images", "import", str(image))
-            with CRIClient(str(ctrd.sock)) as cri:
-                info = cri.wait_ready()
-                assert info["runtime_name"] == "containerd", info
-                cri.wait_image(PAUSE_IMAGE)
-                cri.wait_image(HTTPD)
-                yield CRINode(node_netns, node, ctrd, cri, state, cgroup, pycni_d)
+        with cleanup(*([pycni_d.stop] if pycni_d else [])):
+            runtime = start(node, pycni_d.env if pycni_d else None)
+            with cleanup(runtime.stop):
+                load(runtime)
+                with CRIClient(str(runtime.sock)) as cri:
+                    info = cri.wait_ready()
+                    assert info["runtime_name"] == runtime_name, info
+                    cri.wait_image(PAUSE_IMAGE)
+                    cri.wait_image(HTTPD)
+                    yield CRINode(node_netns, node, runtime, cri, state, cgroup, pycni_d)
 
 
 def run_web_pod(n: CRINode, conf: dict[str, Any], log_dir: Path) -> tuple[Any, list[str]]:
@@ -125,6 +150,7 @@ def run_web_pod(n: CRINode, conf: dict[str, Any], log_dir: Path) -> tuple[Any, l
     IPs (one per range of the conflist, in its order: v4 first), each checked in its range."""
     from cri.client import PortMap
 
+    log_dir.mkdir(parents=True, exist_ok=True)  # kubelet makes it (CRI-O's conmon needs it)
     pod = n.cri.run_pod(
         "web", port_mappings=[PortMap(HOST_PORT, 80)],
         annotations={"kubernetes.io/ingress-bandwidth": "1M",

@@ -22,7 +22,7 @@ from bandwidth_util import (
 from cnitest import REFERENCE_BIN, probe_binary
 
 from cni.host import tc
-from cni.plugins.bandwidth import derived_burst, ifb_name
+from cni.plugins.bandwidth import CONTAINERD_NO_BURST, CRIO_NO_BURST, derived_burst, ifb_name
 
 pytestmark = pytest.mark.root
 
@@ -196,14 +196,39 @@ def test_invalid_keys_name_key_and_value(plugins, host, pod, extra, key, value) 
     assert_untouched(host, w)
 
 
-def test_burst_too_large_for_the_rate_is_refused(plugins, host, pod) -> None:
+@pytest.mark.parametrize("no_burst", [CONTAINERD_NO_BURST, CRIO_NO_BURST],
+                         ids=["containerd", "crio"])
+def test_each_runtimes_no_burst_sentinel_derives_the_burst(plugins, host, pod,
+                                                           no_burst) -> None:
+    """containerd sends 4294967295, CRI-O 1.33 34359738359 (what CRI-O sends for a pod annotated
+    1M): both mean "no burst given", and tbf gets 10 ms of the rate (at least 4 MTUs)."""
+    w = wire(host, pod, 1)
+    cfg = conf(**runtime_bw((MBIT, no_burst), (2 * MBIT, no_burst)))
+    out = add(plugins, w, cfg)
+    assert tbf_of(host, w.veth) == tc.tbf_for(MBIT, 4 * 1500 * 8)
+    ifb = ifb_name("bwnet", "ctr1")
+    assert tbf_of(host, ifb) == tc.tbf_for(2 * MBIT, 4 * 1500 * 8)
+    plugins.ok("bandwidth", "CHECK", cfg | {"prevResult": out}, netns=pod.path)
+    plugins.ok("bandwidth", "DEL", cfg, container_id="ctr1", netns=pod.path)
+    assert_untouched(host, w)
+
+
+@pytest.mark.parametrize("where", ["top", "runtime"])
+def test_a_burst_beyond_what_tbf_holds_is_clamped_not_refused(plugins, host, pod, where) -> None:
     w = wire(host, pod, 1)
     # 1 kbit/s with a 1 Gbit bucket: a buffer of 10^6 s, more ticks than tbf's u32 holds
-    code, out, _ = plugins.exec(
-        "bandwidth", "ADD", conf(ingressRate=1000, ingressBurst=10**9)
-        | {"prevResult": w.prev_result()}, netns=pod.path)
-    assert code == 1 and out["code"] == 7 and "ingressBurst 1000000000" in out["msg"]
-    assert_untouched(host, w)
+    cfg = (conf(ingressRate=1000, ingressBurst=10**9, egressRate=MBIT, egressBurst=CRIO_NO_BURST)
+           if where == "top" else
+           conf(**runtime_bw((1000, 10**9), (MBIT, 8 * (2**32 - 2)))))
+    out = add(plugins, w, cfg)
+    held = tbf_of(host, w.veth)
+    assert held == tc.tbf_for(1000, tc.max_burst_bits(1000))
+    assert held.buffer <= 2**32 - 1 and held.buffer > 2**32 - 10**6  # the largest tbf holds
+    with pytest.raises(ValueError, match="beyond what tbf can hold"):
+        tc.tbf_for(1000, tc.max_burst_bits(1000) + 8)
+    # an explicit burst, even CRI-O's sentinel value at the top level, is the admin's: clamped
+    assert tbf_of(host, ifb_name("bwnet", "ctr1")) == tc.tbf_for(MBIT, tc.max_burst_bits(MBIT))
+    plugins.ok("bandwidth", "CHECK", cfg | {"prevResult": out}, netns=pod.path)
 
 
 def test_no_config_passes_prev_result_through(plugins, host, pod) -> None:

@@ -74,6 +74,25 @@ def tbf_for(rate_bits: int, burst_bits: int, ticks: float | None = None) -> Tbf:
     return Tbf(rate=rate, limit=limit, buffer=buffer)
 
 
+def max_burst_bits(rate_bits: int, ticks: float | None = None) -> int:
+    """The largest burst (bits) whose tbf_for(rate_bits, burst) fits tbf's u32 buffer and limit;
+    0 when even the smallest does not (a rate above ~1.4 Tbit/s fills the limit alone)."""
+    ticks = tick_in_usec() if ticks is None else ticks
+    rate = rate_bits // 8
+    if rate <= 0:
+        return 0
+    usec_max = int(U32_MAX / ticks)
+    # int(burst * 1e6 / rate) <= usec_max  <=>  burst * 1e6 < (usec_max + 1) * rate
+    by_buffer = ((usec_max + 1) * rate - 1) // TIME_UNITS_PER_SEC
+    by_limit = U32_MAX - int(rate * LATENCY_USEC / TIME_UNITS_PER_SEC)
+    burst = min(by_buffer, by_limit)
+    while burst > 0:  # tbf_for divides in floats: step down past any rounding at the edge
+        try:
+            tbf_for(rate_bits, burst * 8, ticks)
+            return burst * 8
+        except ValueError:
+            burst -= 1
+    return 0
 
 
 _TBF_MSG: type | None = None

@@ -14,10 +14,17 @@ Rates are bit/s, bursts bits; 0 means unlimited. Sources 1 and 2 are one config 
 (`BandwidthEntry`): a rate without a burst (or the reverse) and a burst of 4 GB or more are
 config errors naming the key as written and the value, as in the reference.
 
-Burst when only a rate is known: annotations carry no burst, and containerd / CRI-O fill
-runtimeConfig.bandwidth's burst with 4294967295 bits (math.MaxUint32) for them; a 512 MB bucket
-lets a pod run at line rate for seconds and then stall (reference issue #609). In both cases we
-use 10 ms worth of the rate, at least 4 MTUs of the host veth, at most tbf's 4 GB.
+Burst when only a rate is known: annotations carry no burst, and the runtimes fill
+runtimeConfig.bandwidth's bursts with a "no burst given" sentinel built from the annotations:
+containerd 4294967295 bits (math.MaxUint32), CRI-O 1.33 34359738359 (math.MaxUint32 * 8 - 1).
+Taken literally, the first is a 512 MB bucket that lets a pod run at line rate for seconds and
+then stall (reference issue #609) and the second is more than tbf can hold (the reference wraps
+it to a ~3 KB queue). Both sentinels in runtimeConfig.bandwidth, and annotations, give a burst of
+10 ms worth of the rate, at least 4 MTUs of the host veth.
+
+Any other burst is the config's, validated as the reference does (under 4 GB); one that tbf
+cannot hold at its rate (its u32 buffer of psched ticks, or its u32 limit) is clamped to the
+largest that it can, so no burst ever fails an ADD; CHECK computes the same clamp.
 
 Each ifb carries the alias `pycni-bandwidth <network> <containerID>` (cni.host.ifb), so GC removes
 exactly our ifbs of containers the runtime no longer knows. CHECK without limits succeeds
@@ -47,7 +54,9 @@ INGRESS_ANNOTATION = "kubernetes.io/ingress-bandwidth"
 EGRESS_ANNOTATION = "kubernetes.io/egress-bandwidth"
 MIN_ANNOTATED = 1_000  # kubelet: "1k"
 MAX_ANNOTATED = 10**15  # kubelet: "1P"
-UNKNOWN_BURST = 2**32 - 1  # what containerd and CRI-O pass when they only know a rate
+CONTAINERD_NO_BURST = 2**32 - 1  # math.MaxUint32: containerd's burst for a bare rate
+CRIO_NO_BURST = (2**32 - 1) * 8 - 1  # math.MaxUint32 * 8 - 1: CRI-O 1.33's
+NO_BURST = frozenset({CONTAINERD_NO_BURST, CRIO_NO_BURST})
 MAX_BURST_BYTES = 2**32 - 1
 DERIVED_BURST_SECONDS = 0.010
 DERIVED_BURST_MTUS = 4
@@ -74,9 +83,9 @@ class Limits(NamedTuple):
 
 
 def derived_burst(rate_bits: int, mtu: int) -> int:
-    """10 ms of the rate, at least a few MTUs, at most tbf's 4 GB bucket (bits)."""
+    """10 ms of the rate, at least a few MTUs (bits); _tbf clamps it to what tbf holds."""
     floor = DERIVED_BURST_MTUS * max(mtu, 1500) * 8
-    return min(max(int(rate_bits * DERIVED_BURST_SECONDS), floor), MAX_BURST_BYTES * 8)
+    return max(int(rate_bits * DERIVED_BURST_SECONDS), floor)
 
 
 def ifb_name(network: str, container_id: str) -> str:
@@ -146,7 +155,7 @@ def _limits(conf: BandwidthEntry, data: dict[str, Any], prefix: str, sentinel: b
             return None
         rate_key, burst_key = (prefix + keys.written_path(data, [f"{side}{k}"])[0]
                                for k in ("Rate", "Burst"))  # as the user cased them
-        chosen = None if sentinel and burst == UNKNOWN_BURST else burst
+        chosen = None if sentinel and burst in NO_BURST else burst
         return Direction(rate, chosen, rate_key, burst_key)
 
     return Limits(direction("ingress"), direction("egress"))
@@ -182,13 +191,15 @@ def _annotated(annotations: dict[str, Any], name: str) -> Direction | None:
 
 
 def _tbf(direction: Direction, mtu: int):
+    """The tbf for a direction, its burst clamped to the largest tbf holds at its rate."""
     from cni.host import tc
 
-    burst = direction.burst_bits(mtu)
-    try:
-        return tc.tbf_for(direction.rate, burst)
-    except ValueError as e:
-        raise invalid_config(direction.burst_key, burst, str(e)) from None
+    ticks = tc.tick_in_usec()
+    most = tc.max_burst_bits(direction.rate, ticks)
+    if most == 0:  # 25 ms of the rate alone overflows tbf's u32 limit (above ~1.37 Tbit/s)
+        raise invalid_config(direction.rate_key, direction.rate,
+                             "rate too high for tbf: its queue limit would pass 4 GB")
+    return tc.tbf_for(direction.rate, min(direction.burst_bits(mtu), most), ticks)
 
 
 # ---- the host veth ---------------------------------------------------------------------------

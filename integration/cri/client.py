@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import uuid
@@ -174,10 +175,18 @@ class CRIClient:
                      args: Sequence[str] = ()) -> str:
         """CreateContainer + StartContainer in the pod; returns the container id."""
         log_path = f"{name}/0.log" if pod.config.log_directory else ""
+        if log_path:  # kubelet makes the container's log dir (CRI-O's conmon does not)
+            os.makedirs(os.path.join(pod.config.log_directory, name), exist_ok=True)
         config = pb.ContainerConfig(metadata=pb.ContainerMetadata(name=name, attempt=0),
-                                    image=pb.ImageSpec(image=image), command=list(command),
-                                    args=list(args), log_path=log_path,
-                                    labels={"io.kubernetes.container.name": name})
+                                    image=pb.ImageSpec(image=image, user_specified_image=image),
+                                    command=list(command), args=list(args), log_path=log_path,
+                                    labels={"io.kubernetes.container.name": name},
+                                    # kubelet repeats the pod's namespace options (CRI-O
+                                    # refuses a pod-level PID namespace the pod lacks)
+                                    linux=pb.LinuxContainerConfig(
+                                        security_context=pb.LinuxContainerSecurityContext(
+                                            namespace_options=pod.config.linux.security_context
+                                            .namespace_options)))
         r = self.runtime.CreateContainer(
             pb.CreateContainerRequest(pod_sandbox_id=pod.id, config=config,
                                       sandbox_config=pod.config), timeout=self.timeout)
