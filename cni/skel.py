@@ -113,6 +113,8 @@ def run(plugin: str, env: Mapping[str, str], stdin: bytes, netns: int | None = N
             version = versions.CURRENT
             raise CNIError(Code.DECODING_FAILURE, "cniVersion must be a string")
         versions.require_supported(version, versions.SUPPORTED)
+        if command != "DEL":  # DEL at any version we know: a chain's DEL must not stop here
+            versions.require_supported(version, registry.supported(plugin, versions.SUPPORTED))
         _gate(command, version)
         _check_name(config)
         prev = config.get("prevResult")
@@ -163,15 +165,17 @@ def dispatch(req: Request) -> tuple[str, int]:
     if req.command != "ADD":
         return "", result if req.command == "GC" and isinstance(result, int) else 0
     from cni.spec.result import from_current
-    return json.dumps(from_current(result, req.version), indent=4), 0
+    passthrough = result is req.prev_result  # handed on unchanged: printed as it came
+    return json.dumps(from_current(result, req.version, passthrough), indent=4), 0
 
 
-def require_printable(result: dict | None, version: str) -> None:
-    """For a plugin whose answer is prevResult: refuse, before changing anything, one that cannot
-    be printed in the config's version (0.1.0/0.2.0 need an IP address)."""
+def require_printable(result: dict | None, version: str, passthrough: bool = False) -> None:
+    """Refuse, before changing anything, a result that cannot be printed in the config's version
+    (one a plugin built needs an IP address at 0.1.0/0.2.0; a prevResult handed on unchanged,
+    `passthrough`, prints as it came)."""
     if result is not None:
         from cni.spec.result import from_current
-        from_current(result, version)
+        from_current(result, version, passthrough)
 
 
 def load(plugin: str):
@@ -189,19 +193,21 @@ def load(plugin: str):
 
 def about(plugin: str) -> str:
     return (f"CNI {plugin} plugin pycni {__version__}\n"
-            f"CNI protocol versions supported: {', '.join(versions.SUPPORTED)}\n")
+            f"CNI protocol versions supported: "
+            f"{', '.join(registry.supported(plugin, versions.SUPPORTED))}\n")
 
 
 def version_info(plugin: str, stdin: bytes) -> str:
     """VERSION: the spec echoes the requested cniVersion; the reference answers its own."""
     asked = versions.CURRENT
+    speaks = registry.supported(plugin, versions.SUPPORTED)
     try:
         value = json.loads(stdin or b"{}").get("cniVersion")
-        if isinstance(value, str) and value in versions.SUPPORTED:
+        if isinstance(value, str) and value in speaks:
             asked = value
     except (ValueError, AttributeError):
         pass
-    return json.dumps({"cniVersion": asked, "supportedVersions": list(versions.SUPPORTED)})
+    return json.dumps({"cniVersion": asked, "supportedVersions": list(speaks)})
 
 
 def decode_config(stdin: bytes) -> dict[str, Any]:

@@ -123,8 +123,10 @@ def to_current(obj: Any, version: str) -> Result:
     }
 
 
-def from_current(result: Result, version: str) -> Result:
-    """Canonical -> the exact JSON object a plugin of `version` prints."""
+def from_current(result: Result, version: str, passthrough: bool = False) -> Result:
+    """Canonical -> the exact JSON object a plugin of `version` prints. `passthrough`: the result
+    is a prevResult of `version` handed on unchanged (portmap, loopback): printed as it came,
+    without IP addresses too; the reference fails only when it converts a later result down."""
     era = _era(version)
     if era == "02":
         out: Result = {"cniVersion": version}
@@ -141,7 +143,7 @@ def from_current(result: Result, version: str) -> Result:
             if routes:
                 block["routes"] = routes
             out[key] = block
-        if len(out) == 1:
+        if len(out) == 1 and not passthrough:
             raise CNIError(Code.INTERNAL, "cannot convert: no valid IP addresses")
         out["dns"] = _dns(result.get("dns"))
         return out
@@ -161,8 +163,11 @@ def from_current(result: Result, version: str) -> Result:
     routes = _routes(result.get("routes"))
     if routes:
         out["routes"] = routes
-    # The reference (Go struct, not pointer) always prints "dns", empty or not.
-    out["dns"] = _dns(result.get("dns"))
+    # "dns": before 1.0.0 the reference's result holds a struct and prints it even empty; from
+    # 1.0.0 on (v1.9.1; 1.1.1 printed it too) it is omitted when empty, as every other key.
+    dns = _dns(result.get("dns"))
+    if dns or era != "1x":
+        out["dns"] = dns
     return out
 
 
