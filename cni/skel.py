@@ -67,6 +67,9 @@ class Request(NamedTuple):
     env: Mapping[str, str]
     netns_fd: int | None = None
     prev_result: dict | None = None
+    # prevResult declared a version of the config's shape (or none): handed on unchanged, it
+    # prints as it came (a 0.1.0/0.2.0 one without IP addresses too)
+    prev_native: bool = False
     log: Callable[[str], None] = _no_log
 
     @property
@@ -117,9 +120,10 @@ def run(plugin: str, env: Mapping[str, str], stdin: bytes, netns: int | None = N
             versions.require_supported(version, registry.supported(plugin, versions.SUPPORTED))
         _gate(command, version)
         _check_name(config)
-        prev = config.get("prevResult")
+        prev, prev_native = config.get("prevResult"), False
         if prev is not None:
-            from cni.spec.result import to_current
+            from cni.spec.result import declared_in_era, to_current
+            prev_native = declared_in_era(prev, version)
             prev = to_current(prev, version)
         req = Request(
             plugin=plugin, command=command, container_id=env.get("CNI_CONTAINERID", ""),
@@ -127,6 +131,7 @@ def run(plugin: str, env: Mapping[str, str], stdin: bytes, netns: int | None = N
             args=names.parse_args(env.get("CNI_ARGS", "")),
             path=[p for p in env.get("CNI_PATH", "").split(":") if p], config=config,
             version=version, stdin=stdin, env=env, netns_fd=netns, prev_result=prev,
+            prev_native=prev_native,
             log=lambda msg: err.write(f"{plugin}: {msg}\n"),
         )
         _check_not_own_netns(req)
@@ -165,7 +170,7 @@ def dispatch(req: Request) -> tuple[str, int]:
     if req.command != "ADD":
         return "", result if req.command == "GC" and isinstance(result, int) else 0
     from cni.spec.result import from_current
-    passthrough = result is req.prev_result  # handed on unchanged: printed as it came
+    passthrough = result is req.prev_result and req.prev_native  # printed as it came
     return json.dumps(from_current(result, req.version, passthrough), indent=4), 0
 
 

@@ -98,3 +98,17 @@ def test_portmap_02_prev_result_without_ips_is_printed_as_it_came(host, pod, net
     assert ref[0] == ours[0] == 0, (ref, ours)
     assert ours[1] == ref[1] == {"cniVersion": version, "dns": dns or {}}
     assert "18080" not in host.run("nft", "list", "ruleset").stdout  # no pod address: no rule
+
+
+@pytest.mark.parametrize("version", ["0.1.0", "0.2.0"])
+def test_portmap_refuses_a_prev_result_of_another_version_without_ips(host, pod, netns_factory,
+                                                                     version) -> None:
+    """A prevResult that says 1.0.0 under a 0.2.0 config is not a 0.2.0 result handed on: the
+    reference cannot parse it, ours cannot print it; both refuse."""
+    cfg = {"cniVersion": version, "name": "pm", "type": "portmap",
+           "prevResult": {"cniVersion": "1.0.0", "ips": []}}
+    ref = Plugins(netns_factory("pycni-host")).exec(
+        "portmap", "ADD", cfg, netns=netns_factory("pycni-pod").path, bin_dir=REF19)
+    ours = Plugins(host).exec("portmap", "ADD", cfg, netns=pod.path)
+    assert ref[0] == ours[0] == 1 and ref[1]["code"] == ours[1]["code"] == 999, (ref, ours)
+    assert "cannot convert: no valid IP addresses" in ours[1]["msg"]

@@ -76,6 +76,18 @@ def _routes(items: Any) -> list[dict]:
     return out
 
 
+def declared_in_era(obj: Any, version: str) -> bool:
+    """Whether a result declares (or leaves out) a cniVersion of `version`'s shape. The
+    reference refuses to parse a 0.1.0/0.2.0 prevResult that declares another."""
+    declared = obj.get("cniVersion") if isinstance(obj, dict) else None
+    if declared is None or declared == "":
+        return True
+    try:
+        return isinstance(declared, str) and _era(declared) == _era(version)
+    except CNIError:
+        return False
+
+
 def to_current(obj: Any, version: str) -> Result:
     """A result of `version`'s shape (a prevResult, an IPAM plugin's output) -> canonical."""
     if not isinstance(obj, dict):
