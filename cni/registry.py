@@ -3,8 +3,10 @@
 One list for every reader: skel dispatches by it, the daemon pre-imports it, install links each
 name to the multi-call executable, bench measures each. Each module defines `add`, `check`,
 `delete` (and optionally `gc`, `status`) taking a `cni.skel.Request`. Imports nothing, so the
-shim and skel can read it before VERSION is answered; every plugin speaks every version in
-cni.spec.version.SUPPORTED.
+shim and skel can read it before VERSION is answered. A plugin speaks the versions of
+cni.spec.version.SUPPORTED from its SUPPORTED_FROM entry on (the reference's
+VersionsStartingFrom: bandwidth's results need interfaces, which 0.1.0/0.2.0 do not carry), or
+all of them.
 """
 
 PLUGINS: dict[str, str] = {
@@ -15,3 +17,10 @@ PLUGINS: dict[str, str] = {
     "bandwidth": "cni.plugins.bandwidth",
 }
 NAMES = tuple(PLUGINS)
+SUPPORTED_FROM: dict[str, str] = {"bandwidth": "0.3.0"}
+
+
+def supported(plugin: str, versions: tuple[str, ...]) -> tuple[str, ...]:
+    """The versions of `versions` (ascending) that `plugin` speaks."""
+    first = SUPPORTED_FROM.get(plugin)
+    return versions if first is None else versions[versions.index(first):]

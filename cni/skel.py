@@ -67,6 +67,9 @@ class Request(NamedTuple):
     env: Mapping[str, str]
     netns_fd: int | None = None
     prev_result: dict | None = None
+    # prevResult declared a version of the config's shape (or none): handed on unchanged, it
+    # prints as it came (a 0.1.0/0.2.0 one without IP addresses too)
+    prev_native: bool = False
     log: Callable[[str], None] = _no_log
 
     @property
@@ -113,11 +116,14 @@ def run(plugin: str, env: Mapping[str, str], stdin: bytes, netns: int | None = N
             version = versions.CURRENT
             raise CNIError(Code.DECODING_FAILURE, "cniVersion must be a string")
         versions.require_supported(version, versions.SUPPORTED)
+        if command != "DEL":  # DEL at any version we know: a chain's DEL must not stop here
+            versions.require_supported(version, registry.supported(plugin, versions.SUPPORTED))
         _gate(command, version)
         _check_name(config)
-        prev = config.get("prevResult")
+        prev, prev_native = config.get("prevResult"), False
         if prev is not None:
-            from cni.spec.result import to_current
+            from cni.spec.result import declared_in_era, to_current
+            prev_native = declared_in_era(prev, version)
             prev = to_current(prev, version)
         req = Request(
             plugin=plugin, command=command, container_id=env.get("CNI_CONTAINERID", ""),
@@ -125,6 +131,7 @@ def run(plugin: str, env: Mapping[str, str], stdin: bytes, netns: int | None = N
             args=names.parse_args(env.get("CNI_ARGS", "")),
             path=[p for p in env.get("CNI_PATH", "").split(":") if p], config=config,
             version=version, stdin=stdin, env=env, netns_fd=netns, prev_result=prev,
+            prev_native=prev_native,
             log=lambda msg: err.write(f"{plugin}: {msg}\n"),
         )
         _check_not_own_netns(req)
@@ -163,15 +170,17 @@ def dispatch(req: Request) -> tuple[str, int]:
     if req.command != "ADD":
         return "", result if req.command == "GC" and isinstance(result, int) else 0
     from cni.spec.result import from_current
-    return json.dumps(from_current(result, req.version), indent=4), 0
+    passthrough = result is req.prev_result and req.prev_native  # printed as it came
+    return json.dumps(from_current(result, req.version, passthrough), indent=4), 0
 
 
-def require_printable(result: dict | None, version: str) -> None:
-    """For a plugin whose answer is prevResult: refuse, before changing anything, one that cannot
-    be printed in the config's version (0.1.0/0.2.0 need an IP address)."""
+def require_printable(result: dict | None, version: str, passthrough: bool = False) -> None:
+    """Refuse, before changing anything, a result that cannot be printed in the config's version
+    (one a plugin built needs an IP address at 0.1.0/0.2.0; a prevResult handed on unchanged,
+    `passthrough`, prints as it came)."""
     if result is not None:
         from cni.spec.result import from_current
-        from_current(result, version)
+        from_current(result, version, passthrough)
 
 
 def load(plugin: str):
@@ -189,19 +198,21 @@ def load(plugin: str):
 
 def about(plugin: str) -> str:
     return (f"CNI {plugin} plugin pycni {__version__}\n"
-            f"CNI protocol versions supported: {', '.join(versions.SUPPORTED)}\n")
+            f"CNI protocol versions supported: "
+            f"{', '.join(registry.supported(plugin, versions.SUPPORTED))}\n")
 
 
 def version_info(plugin: str, stdin: bytes) -> str:
     """VERSION: the spec echoes the requested cniVersion; the reference answers its own."""
     asked = versions.CURRENT
+    speaks = registry.supported(plugin, versions.SUPPORTED)
     try:
         value = json.loads(stdin or b"{}").get("cniVersion")
-        if isinstance(value, str) and value in versions.SUPPORTED:
+        if isinstance(value, str) and value in speaks:
             asked = value
     except (ValueError, AttributeError):
         pass
-    return json.dumps({"cniVersion": asked, "supportedVersions": list(versions.SUPPORTED)})
+    return json.dumps({"cniVersion": asked, "supportedVersions": list(speaks)})
 
 
 def decode_config(stdin: bytes) -> dict[str, Any]:

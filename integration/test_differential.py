@@ -47,7 +47,17 @@ literal strings in tests/test_parity.py.
   (999 "cannot convert: no valid IP addresses") and keeps the veth. An IPAM plugin that
   succeeded with an answer the bridge cannot use is DELed again (the reference keeps the
   reservation). tests/test_bridge_no_leak.py.
-- the reference 1.1.1 speaks spec <= 1.0.0, so the conflists here do too.
+- FIXED result JSON as v1.9.1's: from 1.0.0 on an empty "dns" is left out (1.1.1 prints
+  `"dns": {}` at 1.0.0; `as_v19` drops it from the oracle's output before comparing). Every
+  plugin's result at every version is compared with v1.9.1's itself in
+  test_result_shape_is_v19s.
+- FIXED bandwidth speaks 0.3.0 on, as the reference; its DEL still runs at 0.1.0/0.2.0
+  (DELIBERATE: the reference's refuses, and libcni would stop the DEL chain there).
+- DELIBERATE loopback before 1.0.0 prints the requested version's shape (0.2.0: ip4/ip6 and dns;
+  0.3.x/0.4.0: ips with "version", dns); the reference's loopback (1.1.1 and v1.9.1) prints the
+  1.x shape under any cniVersion, which a 0.x reader cannot parse as its own.
+- the reference 1.1.1 speaks spec <= 1.0.0, so the conflists here do too (v1.9.1's comparison
+  runs every version up to 1.1.0).
 """
 
 from __future__ import annotations
@@ -61,10 +71,20 @@ from typing import Any
 import pytest
 from clients import install, need, wait_for
 from cnitest import REFERENCE_BIN, REFERENCE_PLUGINS, Netns, Plugins, delete_netns, new_netns
-from diffchain import Side, host_veths, node_links, normalize, pod_state, store_files, tbf
+from diffchain import (
+    Side,
+    as_v19,
+    host_veths,
+    node_links,
+    normalize,
+    pod_state,
+    store_files,
+    tbf,
+)
 from rootskips import missing
 
 pytestmark = pytest.mark.root
+REF19 = Path(__file__).resolve().parent.parent.parent / "shared" / "reference" / "bin"
 NODE_ADDR = "192.0.2.20"  # the node's own address (on its lo), for hostPort traffic
 
 
@@ -91,9 +111,21 @@ def sides(our_bin, tmp_path) -> Iterator[dict[str, Side]]:
     need()
     if not (REFERENCE_BIN / "bridge").exists():
         missing(REFERENCE_PLUGINS)
+    yield from two_nodes(REFERENCE_BIN, our_bin, tmp_path)
+
+
+@pytest.fixture
+def v19_sides(our_bin, tmp_path) -> Iterator[dict[str, Side]]:
+    """Two nodes: "ref" runs the reference v1.9.1 (shared/reference/bin), "ours" pycni."""
+    need()
+    assert (REF19 / "bridge").exists(), "shared/reference/bin must be beside the checkout"
+    yield from two_nodes(REF19, our_bin, tmp_path)
+
+
+def two_nodes(ref_bin: Path, our_bin: Path, tmp_path: Path) -> Iterator[dict[str, Side]]:
     made: list[Netns] = []
     out = {}
-    for label, bin_dir in (("ref", REFERENCE_BIN), ("ours", our_bin)):
+    for label, bin_dir in (("ref", ref_bin), ("ours", our_bin)):
         host = new_netns(f"pycni-diff-{label}")
         made.append(host)
         host.run("ip", "addr", "add", f"{NODE_ADDR}/32", "dev", "lo")
@@ -123,7 +155,7 @@ def both(sides: dict[str, Side], verb: str, conflist: dict, pod: str,
 
 def same(sides: dict[str, Side], outs: dict[str, Any]) -> Any:
     ref, ours = (normalize(outs[k], sides[k]) for k in ("ref", "ours"))
-    assert ours == ref
+    assert ours == as_v19(ref)
     return ours
 
 
@@ -153,7 +185,7 @@ def test_loopback(sides, version) -> None:
         # "version"; reference 1.1.1's loopback prints the 1.0.0 shape under any cniVersion.
         assert [ip.pop("version") for ip in ours["ips"]] == ["4", "6"]
         assert all("version" not in ip for ip in ref["ips"])
-    assert ours == ref
+    assert ours == as_v19(ref)
     assert pod_state(sides["ours"].pods["pod1"]) == pod_state(sides["ref"].pods["pod1"])
     if version != "0.3.1":
         both(sides, "CHECK", conf, "pod1", prevs=outs)
@@ -331,3 +363,44 @@ def test_del_with_empty_netns_leaks_nothing_unlike_the_reference(sides) -> None:
     ours = sides["ours"].plugins.host
     assert "ctr-pod1" not in ours.run("nft", "list", "ruleset").stdout
     assert "ctr-pod1" not in ours.run("iptables-save", "-t", "nat").stdout
+
+
+# ---- result JSON against v1.9.1, per version ------------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0",
+                                     "1.1.0"])
+def test_result_shape_is_v19s(v19_sides, version) -> None:
+    """Each plugin's ADD result at each version, against v1.9.1's on the same conflist: the same
+    keys present (an empty "dns" only before 1.0.0), the same values modulo random names."""
+    sides = v19_sides
+    chain = bridge_conf("shape-diff", ["10.84.0.0/24", "fd84::/64"], more=[
+        {"type": "portmap", "capabilities": {"portMappings": True}},
+        *([{"type": "bandwidth", "capabilities": {"bandwidth": True}}]
+          if version >= "0.3.0" else [])]) | {"cniVersion": version}
+    cap = {"portMappings": [{"hostPort": 18084, "containerPort": 80, "protocol": "tcp"}],
+           "bandwidth": {"ingressRate": 8_000_000, "ingressBurst": 800_000,
+                         "egressRate": 4_000_000, "egressBurst": 400_000}}
+    outs = both(sides, "ADD", chain, "pod1", cap_args=cap)
+    result = same(sides, outs)
+    assert ("dns" in result) is (version < "1.0.0")
+    assert result["cniVersion"] == version
+    for label, side in sides.items():
+        code, out = side.run("DEL", chain, "pod1", cap_args=cap, prev=outs[label])
+        assert code == 0, out
+
+    alone = {"cniVersion": version, "name": "shape-hl", "plugins": [{
+        "type": "host-local", "ipam": {"type": "host-local",
+                                       "ranges": [[{"subnet": "10.85.0.0/28"}]]}}]}
+    same(sides, both(sides, "ADD", alone, "pod2"))
+    both(sides, "DEL", alone, "pod2")
+
+    lo = {"cniVersion": version, "name": "shape-lo", "plugins": [{"type": "loopback"}]}
+    outs = both(sides, "ADD", lo, "pod2")
+    if version >= "1.0.0":
+        same(sides, outs)
+    else:  # DELIBERATE (module doc): v1.9.1's loopback prints the 1.x shape at any version
+        ref = outs["ref"]
+        assert "dns" not in ref and all("version" not in ip for ip in ref["ips"]), ref
+        assert "dns" in outs["ours"]
+    both(sides, "DEL", lo, "pod2")

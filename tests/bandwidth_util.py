@@ -85,3 +85,10 @@ def redirect_targets(host: Netns, dev: str) -> list[str]:
             if action.get("kind") == "mirred":
                 targets.append(action["to_dev"])
     return targets
+
+
+def foreign_tbf(host: Netns, dev: str) -> None:
+    """A tbf someone else put on `dev`, with the handle bandwidth (and the reference) gives its
+    own (1:): only a record tells them apart."""
+    host.run("tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate", "1mbit",
+             "burst", "10kb", "latency", "50ms")

@@ -146,8 +146,10 @@ def forget_deleted_markers() -> None:
     """A new throwaway node starts without cni.deleted's markers from earlier tests (on a real
     node they live in /run: a node's own DELs made them)."""
     from cni import deleted
+    from cni.plugins import shaped
 
     shutil.rmtree(deleted.MARKER_DIR, ignore_errors=True)
+    shutil.rmtree(shaped.RECORD_DIR, ignore_errors=True)  # bandwidth's tbf records: per node
 
 
 def delete_netns(ns: Netns) -> None:

@@ -11,6 +11,7 @@ import json
 import pytest
 from bandwidth_util import (
     conf,
+    foreign_tbf,
     ifbs,
     kinds,
     qdiscs,
@@ -305,6 +306,43 @@ def test_del_after_add_killed_before_the_redirect_removes_the_bare_ingress(plugi
     assert_untouched(host, w)
 
 
+def test_del_removes_the_recorded_tbf_whatever_the_config_says(plugins, host, pod) -> None:
+    """The ingress tbf is found by the ADD's record, not the config: a DEL whose config its ADD
+    would refuse, one without limits, or one without a netns removes it from the veth, which
+    stays (the veth is not bandwidth's)."""
+    w = wire(host, pod, 1)
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    for bad in (conf(ingressRate="fast", ingressBurst=80_000), conf()):
+        add(plugins, w, cfg)
+        assert kinds(host, w.veth) == ["ingress", "tbf"]
+        plugins.ok("bandwidth", "DEL", bad, netns=pod.path)
+        assert_untouched(host, w)
+    add(plugins, w, cfg)
+    plugins.ok("bandwidth", "DEL", cfg, netns="")  # the netns is gone: the record still says
+    assert_untouched(host, w)
+
+
+def test_del_never_removes_a_tbf_its_add_did_not_make(plugins, host, pod) -> None:
+    """ADD shaped egress only; someone put a tbf on the host veth; DEL with a config that now
+    has ingress limits (or refused ones) leaves that tbf: only a recorded tbf is removed, as the
+    reference's DEL never touches the host veth's root qdisc."""
+    w = wire(host, pod, 1)
+    add(plugins, w, conf(**runtime_bw(None, (20 * MBIT, 160_000))))
+    foreign_tbf(host, w.veth)
+    both = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    for cfg in (both, conf(ingressRate="fast", ingressBurst=80_000)):
+        plugins.ok("bandwidth", "DEL", cfg, netns=pod.path)
+        assert kinds(host, w.veth) == ["tbf"]
+        assert not [n for n in ifbs(host) if n.startswith("bwp")]
+    # And a tbf of the same shape put back after a DEL of our own is not ours either.
+    host.run("tc", "qdisc", "del", "dev", w.veth, "root")
+    add(plugins, w, both)
+    plugins.ok("bandwidth", "DEL", both, netns=pod.path)
+    foreign_tbf(host, w.veth)
+    plugins.ok("bandwidth", "DEL", both, netns=pod.path)
+    assert kinds(host, w.veth) == ["tbf"]
+
+
 def test_null_network_name_is_refused_before_anything_is_made(plugins, host, pod) -> None:
     """Found by the fuzz: "name": null crashed the ifb naming (999 + traceback)."""
     w = wire(host, pod, 1)
@@ -360,6 +398,25 @@ def test_gc_removes_only_our_stale_ifbs(plugins, host, netns_factory) -> None:
     assert {"bwpforeign", "ifbx", ifb_name("othernet", "stale")} <= set(ifbs(host))
     plugins.ok("bandwidth", "GC", conf())  # no list at all: remove nothing
     assert ifb_name("othernet", "stale") in ifbs(host)
+
+
+def test_gc_removes_the_tbf_of_a_stale_attachment_from_a_veth_that_stays(plugins, host,
+                                                                         netns_factory) -> None:
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), None))
+    wired = {cid: wire(host, netns_factory("pycni-pod"), n)
+             for n, cid in ((1, "keep"), (2, "stale"))}
+    for cid, w in wired.items():
+        add(plugins, w, cfg, cid=cid)
+    other = wire(host, netns_factory("pycni-pod"), 3)
+    add(plugins, other, conf(name="othernet", **runtime_bw((MBIT, 80_000), None)), cid="stale")
+    gc = conf(**{"cni.dev/valid-attachments": [{"containerID": "keep", "ifname": "eth0"}]})
+    plugins.ok("bandwidth", "GC", gc)
+    assert kinds(host, wired["stale"].veth) == ["noqueue"]
+    assert kinds(host, wired["keep"].veth) == ["tbf"] and kinds(host, other.veth) == ["tbf"]
+    # Its record went with it: a later DEL of that attachment touches nothing.
+    foreign_tbf(host, wired["stale"].veth)
+    plugins.ok("bandwidth", "DEL", cfg, container_id="stale", netns=wired["stale"].pod.path)
+    assert kinds(host, wired["stale"].veth) == ["tbf"]
 
 
 def test_without_the_daemon_no_verb_loads_nftables_and_loopback_no_pydantic(host, pod) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from bandwidth_util import foreign_tbf, kinds
 from cnitest import Netns
 from libcni_util import Daemon, Libcni, host_leftovers, leftovers, module_daemon
 
@@ -279,4 +280,39 @@ def test_loopback_refuses_no_config_value(libcni: Libcni, host: Netns, pod: Netn
     assert "UP" in pod.links()["lo"]["flags"]
     libcni.ok("del", network, pod)
     assert "UP" not in pod.links()["lo"]["flags"]
+    assert leftovers(host, pod, network) == [] and host_leftovers(host) == []
+
+
+SHAPED = {"ingressRate": 8_000_000, "ingressBurst": 80_000,
+          "egressRate": 8_000_000, "egressBurst": 80_000}
+
+
+@pytest.mark.parametrize("owned", [True, False], ids=["its-tbf", "someone-elses-tbf"])
+def test_bandwidth_del_with_a_refused_config_on_a_veth_that_stays(libcni: Libcni, host: Netns,
+                                                                  pod: Netns,
+                                                                  owned: bool) -> None:
+    """A good ADD, then a DEL whose bandwidth config its ADD would refuse, through a conflist of
+    bandwidth alone (the bridge's DEL does not run: the host veth stays, as under a main plugin
+    that keeps it): DEL removes the ifb, the ingress qdisc and the tbf its ADD made, and leaves
+    a tbf it did not make (ADD with egress only, then someone put a tbf on the veth)."""
+    network = "deltol-bw-veth"
+    good = {**BANDWIDTH, **(SHAPED if owned else {k: v for k, v in SHAPED.items()
+                                                   if k.startswith("egress")})}
+    libcni.write(conflist(network, BRIDGE, good))
+    libcni.ok("add", network, pod)
+    veth = next(n for n, info in host.links().items()
+                if info.get("linkinfo", {}).get("info_kind") == "veth")
+    if not owned:
+        foreign_tbf(host, veth)
+    assert kinds(host, veth) == ["ingress", "tbf"]
+
+    refused_conf = merged(good, {"ingressRate": "fast", "ingressBurst": 80_000})
+    libcni.write(conflist(network, refused_conf))
+    libcni.ok("del", network, pod)
+    assert veth in host.links()  # only bandwidth's DEL ran
+    assert kinds(host, veth) == (["noqueue"] if owned else ["tbf"])
+    assert not [n for n in host.links() if n.startswith("bwp")]
+
+    libcni.write(conflist(network, BRIDGE, good))  # the rest goes with the bridge's DEL
+    libcni.ok("del", network, pod)
     assert leftovers(host, pod, network) == [] and host_leftovers(host) == []

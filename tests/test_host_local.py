@@ -220,8 +220,7 @@ def test_v4_result_store_and_file_format(tmp_path):
              exe=OURS)
     assert out == {"cniVersion": "1.0.0",
                    "ips": [{"address": "10.10.0.2/24", "gateway": "10.10.0.1"}],
-                   "routes": [{"dst": "0.0.0.0/0"}, {"dst": "10.9.0.0/16", "gw": "10.10.0.254"}],
-                   "dns": {}}
+                   "routes": [{"dst": "0.0.0.0/0"}, {"dst": "10.9.0.0/16", "gw": "10.10.0.254"}]}
     files = store_files(tmp_path)
     assert files["10.10.0.2"] == b"ctr1\r\neth0"
     assert files["last_reserved_ip.0"] == b"10.10.0.2"

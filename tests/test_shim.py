@@ -33,7 +33,7 @@ sys.exit(rc)
 """
 # What the shim itself may import from the project: all stdlib-only modules.
 OWN_MODULES = {"cni", "cni.fast", "cni.fast.main", "cni.fast.shim", "cni.fast.protocol",
-               "cni.deleted", "cni.host", "cni.host.nsfd"}
+               "cni.deleted", "cni.host", "cni.host.nsfd", "cni.registry"}
 # Stdlib modules that cost more than interpreter start-up: not on the hot paths. And os: 1-2 ms
 # of CPU (os.environ, _collections_abc, posixpath), a fifth of the shim's own (posix does).
 EXPENSIVE = {"json", "re", "dataclasses", "typing", "enum", "socket", "inspect", "ast", "os"}

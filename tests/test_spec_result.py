@@ -70,11 +70,33 @@ def test_02_upgrades_to_1x() -> None:
                                           "routes": [{"dst": "0.0.0.0/0"}]}}
     assert convert(old, "0.2.0", "1.0.0") == {
         "cniVersion": "1.0.0", "ips": [{"address": "10.0.0.5/16", "gateway": "10.0.0.1"}],
-        "routes": [{"dst": "0.0.0.0/0"}], "dns": {}}
+        "routes": [{"dst": "0.0.0.0/0"}]}
 
 
-def test_dns_is_always_printed_as_the_reference_does() -> None:
-    assert convert({"ips": [{"address": "10.0.0.2/24"}]}, "1.0.0", "1.0.0")["dns"] == {}
+@pytest.mark.parametrize("version,printed", [
+    ("0.1.0", True), ("0.2.0", True), ("0.3.0", True), ("0.3.1", True), ("0.4.0", True),
+    ("1.0.0", False), ("1.1.0", False)])
+def test_empty_dns_is_printed_before_1_0_0_only(version, printed) -> None:
+    """v1.9.1 prints an empty "dns" before 1.0.0 (a struct there) and omits it from 1.0.0 on
+    (1.1.1 printed it at 1.0.0 too); a non-empty one is printed at every version."""
+    out = convert({"ips": [{"address": "10.0.0.2/24"}]}, "1.1.0", version)
+    assert ("dns" in out) is printed and out.get("dns", {}) == {}
+    full = convert({"ips": [{"address": "10.0.0.2/24"}], "dns": {"domain": "x"}}, "1.1.0",
+                   version)
+    assert full["dns"] == {"domain": "x"}
+
+
+@pytest.mark.parametrize("version", ["0.1.0", "0.2.0"])
+def test_02_prev_result_without_ips_passes_through(version) -> None:
+    """A 0.1.0/0.2.0 prevResult handed on unchanged prints as it came, as the reference's
+    portmap prints it; only a result converted down from a later shape needs an address."""
+    for prev, printed in (({"cniVersion": version}, {"cniVersion": version, "dns": {}}),
+                          ({"cniVersion": version, "dns": {"search": ["a"]}},
+                           {"cniVersion": version, "dns": {"search": ["a"]}})):
+        canonical = to_current(prev, version)
+        assert from_current(canonical, version, passthrough=True) == printed
+        with pytest.raises(CNIError, match="cannot convert: no valid IP addresses"):
+            from_current(canonical, version)
 
 
 @pytest.mark.parametrize("bad", [

@@ -97,17 +97,20 @@ def in_process(plugin: str, stdin: bytes) -> Reply:
 
 def fast_version(plugin: str, stdin: bytes) -> bytes | None:
     """skel.version_info's exact bytes for the stdin runtimes send; None: ask skel."""
-    asked = asked_version(stdin)
+    from cni import registry  # imports nothing
+
+    speaks = registry.supported(plugin, SUPPORTED)
+    asked = asked_version(stdin, speaks)
     if asked is None:
         return None
-    listed = ", ".join(f'"{v}"' for v in SUPPORTED)
+    listed = ", ".join(f'"{v}"' for v in speaks)
     return f'{{"cniVersion": "{asked}", "supportedVersions": [{listed}]}}'.encode()
 
 
-def asked_version(stdin: bytes) -> str | None:
+def asked_version(stdin: bytes, speaks: tuple[str, ...] = SUPPORTED) -> str | None:
     """The version VERSION echoes, for stdin '', '{}' or '{"cniVersion": "<plain>"}'; else None.
 
-    skel reads it with json.loads: a supported cniVersion is echoed, anything else gives CURRENT.
+    skel reads it with json.loads: a cniVersion in `speaks` is echoed, anything else CURRENT.
     Only shapes whose JSON meaning is certain without a parser are decided here.
     """
     body = stdin.strip(_JSON_WS)
@@ -128,7 +131,7 @@ def asked_version(stdin: bytes) -> str | None:
     if not all(0x20 <= c < 0x7F for c in text):
         return None
     version = text.decode("ascii")
-    return version if version in SUPPORTED else CURRENT
+    return version if version in speaks else CURRENT
 
 
 # --- the daemon ---------------------------------------------------------------------------------

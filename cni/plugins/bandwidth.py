@@ -26,9 +26,10 @@ Any other burst is the config's, validated as the reference does (under 4 GB); o
 cannot hold at its rate (its u32 buffer of psched ticks, or its u32 limit) is clamped to the
 largest that it can, so no burst ever fails an ADD; CHECK computes the same clamp.
 
-Each ifb carries the alias `pycni-bandwidth <network> <containerID>` (cni.host.ifb), so GC removes
-exactly our ifbs of containers the runtime no longer knows. CHECK without limits succeeds
-(reference #1221 crashed there).
+Each ifb carries the alias `pycni-bandwidth <network> <containerID>` (cni.host.ifb), and each
+ingress tbf a record naming its host veth (cni.plugins.shaped), so DEL removes both without
+reading the config and GC exactly ours of containers the runtime no longer knows. CHECK without
+limits succeeds (reference #1221 crashed there).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pydantic import ValidationError, field_validator, model_validator
 from cni.host import netns
 from cni.host.digest import sha512_hex
 from cni.host.errors import HostError
+from cni.plugins import shaped
 from cni.plugins.undo import Undo
 from cni.skel import Request, require_printable, valid_attachments
 from cni.spec import keys
@@ -259,6 +261,11 @@ def _apply(req: Request, veth, ingress, egress, result: Result) -> None:
     with netns.iproute() as ipr, Undo(req) as undo:
         try:
             if ingress is not None:
+                step = f"record of the tbf on {veth.name}"
+                shaped.remember(req.network, req.container_id, req.ifname, veth.name,
+                                veth.index)
+                undo.push(step, lambda: shaped.forget(req.network, req.container_id,
+                                                      req.ifname))
                 step = f"tbf on {veth.name}"
                 tc.add_tbf(ipr, veth.index, ingress)
                 undo.push(step, lambda: tc.delete_root(ipr, veth.index))
@@ -277,33 +284,42 @@ def _apply(req: Request, veth, ingress, egress, result: Result) -> None:
                 result["interfaces"].append({"name": name, "mac": dev.mac})
         except NetlinkError as e:  # raised inside Undo's block: what was done is taken back
             raise CNIError(Code.INTERNAL, f"bandwidth: {step}: {e.args[-1]}") from None
+        except OSError as e:
+            raise CNIError(Code.IO_FAILURE, f"bandwidth: {step}: {e}") from None
 
 
 @netns.one_socket_per_namespace  # the peer lookup and the tc work share one host socket
 def delete(req: Request) -> None:
-    """Remove the ifb (missing is fine), and our qdiscs on the host veth if it is still there."""
+    """Remove the ifb (missing is fine), the ingress qdisc that redirects to it, and the tbf
+    the ADD recorded (cni.plugins.shaped) if its host veth is still there: no config value is
+    read, so a config DEL cannot parse removes them too."""
     from cni.host import ifb, tc
 
     name = ifb_name(req.network, req.container_id)
+    record = shaped.recall(req.network, req.container_id, req.ifname)
     veth = _host_veth_if_any(req)
     with netns.iproute() as ipr:
         index = ifb.lookup(ipr, name)
+        recorded = _recorded_veth(ipr, record)
+        host = veth.index if veth is not None else recorded
         # Our ifb exists, so the ingress qdisc is ours if it redirects to it or is still bare.
-        if veth is not None and index is not None and tc.ingress_is_for(ipr, veth.index, index):
-            tc.delete_ingress(ipr, veth.index)
-        if veth is not None and limits_or_none(req) and tc.root_kind(ipr, veth.index) == "tbf":
-            tc.delete_root(ipr, veth.index)
+        if host is not None and index is not None and tc.ingress_is_for(ipr, host, index):
+            tc.delete_ingress(ipr, host)
+        if recorded is not None and tc.root_kind(ipr, recorded) == "tbf":
+            tc.delete_root(ipr, recorded)
         if index is not None:
             ifb.delete(ipr, name, index)  # looked up above: no second lookup
+    shaped.forget(req.network, req.container_id, req.ifname)
 
 
-def limits_or_none(req: Request) -> Limits | None:
-    """DEL never fails on config: a bad bandwidth config just means no ingress tbf to remove."""
-    try:
-        lim = limits(req)
-    except CNIError:
+def _recorded_veth(ipr, record: shaped.Shaped | None) -> int | None:
+    """The ifindex of the recorded host veth if that link is still there under its name."""
+    from cni.host import links
+
+    if record is None or not record.here():
         return None
-    return lim if lim is not None and lim.ingress is not None else None
+    link = links.by_index(ipr, record.index)
+    return record.index if link is not None and link.name == record.veth else None
 
 
 def _host_veth_if_any(req: Request):
@@ -367,7 +383,23 @@ def gc(req: Request) -> int:
             if dev.network == req.network and dev.container_id not in keep:
                 req.log(f"gc: removing {dev.name} of container {dev.container_id}")
                 removed += ifb.delete(ipr, dev.name)
+        for record in shaped.listed():
+            if record.network == req.network and record.container_id not in keep:
+                removed += _collect_tbf(ipr, req, record)
+                shaped.forget(record.network, record.container_id, record.ifname)
     return removed
+
+
+def _collect_tbf(ipr, req: Request, record: shaped.Shaped) -> int:
+    """GC of a stale record: its tbf, if the recorded host veth is still there; -> 0 or 1."""
+    from cni.host import tc
+
+    index = _recorded_veth(ipr, record)
+    if index is None or tc.root_kind(ipr, index) != "tbf":
+        return 0
+    req.log(f"gc: removing the tbf on {record.veth} of container {record.container_id}")
+    tc.delete_root(ipr, index)
+    return 1
 
 
 def status(req: Request) -> None:

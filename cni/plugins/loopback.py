@@ -10,7 +10,7 @@ from cni.spec.result import Result
 
 
 def add(req: Request) -> Result:
-    require_printable(req.prev_result, req.version)
+    require_printable(req.prev_result, req.version, passthrough=req.prev_native)
     addresses = links.set_loopback(req.netns_target, up=True)
     if req.prev_result is not None:
         return req.prev_result  # chained: pass the previous result through untouched

@@ -76,6 +76,18 @@ def _routes(items: Any) -> list[dict]:
     return out
 
 
+def declared_in_era(obj: Any, version: str) -> bool:
+    """Whether a result declares (or leaves out) a cniVersion of `version`'s shape. The
+    reference refuses to parse a 0.1.0/0.2.0 prevResult that declares another."""
+    declared = obj.get("cniVersion") if isinstance(obj, dict) else None
+    if declared is None or declared == "":
+        return True
+    try:
+        return isinstance(declared, str) and _era(declared) == _era(version)
+    except CNIError:
+        return False
+
+
 def to_current(obj: Any, version: str) -> Result:
     """A result of `version`'s shape (a prevResult, an IPAM plugin's output) -> canonical."""
     if not isinstance(obj, dict):
@@ -123,8 +135,10 @@ def to_current(obj: Any, version: str) -> Result:
     }
 
 
-def from_current(result: Result, version: str) -> Result:
-    """Canonical -> the exact JSON object a plugin of `version` prints."""
+def from_current(result: Result, version: str, passthrough: bool = False) -> Result:
+    """Canonical -> the exact JSON object a plugin of `version` prints. `passthrough`: the result
+    is a prevResult of `version` handed on unchanged (portmap, loopback): printed as it came,
+    without IP addresses too; the reference fails only when it converts a later result down."""
     era = _era(version)
     if era == "02":
         out: Result = {"cniVersion": version}
@@ -141,7 +155,7 @@ def from_current(result: Result, version: str) -> Result:
             if routes:
                 block["routes"] = routes
             out[key] = block
-        if len(out) == 1:
+        if len(out) == 1 and not passthrough:
             raise CNIError(Code.INTERNAL, "cannot convert: no valid IP addresses")
         out["dns"] = _dns(result.get("dns"))
         return out
@@ -161,8 +175,11 @@ def from_current(result: Result, version: str) -> Result:
     routes = _routes(result.get("routes"))
     if routes:
         out["routes"] = routes
-    # The reference (Go struct, not pointer) always prints "dns", empty or not.
-    out["dns"] = _dns(result.get("dns"))
+    # "dns": before 1.0.0 the reference's result holds a struct and prints it even empty; from
+    # 1.0.0 on (v1.9.1; 1.1.1 printed it too) it is omitted when empty, as every other key.
+    dns = _dns(result.get("dns"))
+    if dns or era != "1x":
+        out["dns"] = dns
     return out
 
 

@@ -23,11 +23,10 @@ def at_least(version: str, minimum: str) -> bool:
 
 
 def require_supported(version: str, supported: tuple[str, ...] = SUPPORTED) -> str:
-    """Refuses a config version the plugin does not speak, with the reference's message."""
+    """Refuses a config version the plugin does not speak, with the reference's message and
+    details (Go's %q of the list: quoted, space-separated)."""
     if version not in supported:
-        listed = ",".join(f'"{v}"' for v in supported)
-        raise CNIError(
-            Code.INCOMPATIBLE_VERSION,
-            f'incompatible CNI versions; config is "{version}", plugin supports [{listed}]',
-        )
+        listed = " ".join(f'"{v}"' for v in supported)
+        raise CNIError(Code.INCOMPATIBLE_VERSION, "incompatible CNI versions",
+                       f'config is "{version}", plugin supports [{listed}]')
     return version

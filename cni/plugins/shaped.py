@@ -1,0 +1,96 @@
+"""Which host veth got a tbf from bandwidth's ADD, one small file per attachment, so DEL removes
+that tbf without reading the config, and never a tbf bandwidth did not make.
+
+The ingress tbf sits on a link bandwidth does not own (the main plugin's host veth) and a qdisc
+carries no name or mark to tell whose it is: the ifb has its alias (cni.host.ifb), the tbf has
+this record. DEL used to decide from the config's ingress limits, so a config it could not parse
+(a changed or refused one) left the tbf on a host veth that stays; the reference's DEL never
+removes it (it removes only the ifb).
+
+The file is RECORD_DIR/<sha512(network, containerID, ifname)>, JSON: those three names, the host
+veth's name and ifindex at ADD and the node's netns inode (a record is trusted in that netns only,
+for a link of that index and name). It is written before the tbf is made (a kill in between
+leaves a record of a tbf that is not there: DEL then finds no tbf on that link) and removed by
+the ADD's undo, by DEL and by GC. /run is a tmpfs: after a reboot the veths are gone too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import NamedTuple
+
+from cni.host.digest import sha512_hex
+
+RECORD_DIR = "/run/pycni/bandwidth"
+
+
+class Shaped(NamedTuple):
+    network: str
+    container_id: str
+    ifname: str
+    veth: str
+    index: int
+    node: int  # the inode of the node's network namespace at ADD (a veth index is per netns)
+
+    def here(self) -> bool:
+        """Whether this record was made in the network namespace we run in."""
+        return self.node == node_netns()
+
+
+def node_netns() -> int:
+    return os.stat("/proc/thread-self/ns/net").st_ino
+
+
+def _path(network: str, container_id: str, ifname: str) -> str:
+    # A digest: the file name is never built from the request's strings.
+    return os.path.join(RECORD_DIR, sha512_hex(f"{network}\0{container_id}\0{ifname}", 40))
+
+
+def remember(network: str, container_id: str, ifname: str, veth: str, index: int) -> None:
+    """Record the tbf about to be made on `veth` (ifindex `index`); raises OSError if it cannot
+    (the ADD fails before it made the tbf: a tbf without its record would outlive a DEL)."""
+    os.makedirs(RECORD_DIR, mode=0o700, exist_ok=True)
+    body = json.dumps({"network": network, "containerID": container_id, "ifname": ifname,
+                       "veth": veth, "index": index, "node": node_netns()})
+    path = _path(network, container_id, ifname)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600),
+              "w") as f:
+        f.write(body)
+    os.replace(tmp, path)
+
+
+def recall(network: str, container_id: str, ifname: str) -> Shaped | None:
+    return _read(_path(network, container_id, ifname))
+
+
+def forget(network: str, container_id: str, ifname: str) -> None:
+    try:
+        os.unlink(_path(network, container_id, ifname))
+    except FileNotFoundError:
+        pass
+
+
+def listed() -> list[Shaped]:
+    """Every readable record."""
+    try:
+        names = sorted(os.listdir(RECORD_DIR))
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        record = _read(os.path.join(RECORD_DIR, name))
+        if record is not None:
+            out.append(record)
+    return out
+
+
+def _read(path: str) -> Shaped | None:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return Shaped(str(data["network"]), str(data["containerID"]), str(data["ifname"]),
+                      str(data["veth"]), int(data["index"]), int(data["node"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing, or not ours to read: DEL falls back as without a record
