@@ -1,9 +1,10 @@
 """The spare pool's rules (cni/fast/pool.py), on the pool alone: grow while every spare is busy,
-wait up to --spare-wait with the pool full, a nested call never waits, shrink after
---spare-linger, the spare back last serves first.
+wait up to --spare-wait with the pool full or for a spare on its way back, a nested call never
+waits, shrink after --spare-linger, the spare back last serves first.
 
 Honest fakes only where the rule does not live: forks are socketpairs (the test plays each
-spare's side of its control socket, as child.spare_main speaks it), the clock is the test's.
+spare's side of its control socket, as child.spare_main speaks it), the clock is the test's,
+and so is which spare has sent its reply (the daemon reads the child's name in /proc).
 What the pool decides, hands over and closes is real. The same rules end to end, with real
 daemons and plugins: tests/test_daemon.py."""
 
@@ -34,6 +35,7 @@ class Spares:
 
     def __init__(self) -> None:
         self.ends: dict[int, socket.socket] = {}
+        self.answered: set[int] = set()  # spares that have sent their request's reply
         self.pid = 4_190_000
 
     def fork(self) -> tuple[int, socket.socket]:
@@ -68,10 +70,12 @@ def world():
     sel = selectors.DefaultSelector()
 
     def make(**opts) -> SparePool:
-        return SparePool(Options(**opts), sel, spares.fork, None, back.append, clock=clock)
+        return SparePool(Options(**opts), sel, spares.fork, None, back.append, clock=clock,
+                         answered=lambda pid: pid in spares.answered)
 
     def say_ready(pid: int) -> None:
         """Spare `pid` says it is warm (or back after a request); the server's loop reads it."""
+        spares.answered.discard(pid)
         spares.ends[pid].sendall(SPARE_READY + struct.pack("!I", pid))
         for key, _ in sel.select(1):
             key.data(key.fileobj)
@@ -182,3 +186,22 @@ def test_the_spare_back_last_serves_first(world) -> None:
     assert pool.serve(request()) == pids[1] and spares.got(pids[1])
     assert pool.serve(request()) == pids[0] and spares.got(pids[0])
     assert not spares.got(pids[2])
+
+
+def test_a_request_waits_for_a_spare_on_its_way_back_rather_than_grow(world) -> None:
+    """A request that follows another (a pod's next plugin, the next pod) finds that one's
+    spare answered and going home: it waits for it, and the pool stays at --spares."""
+    make, clock, spares, _back, say_ready = world
+    pool, (a, b) = warm_pool(make, spares, say_ready, spares=2, max_spares=8, spare_wait=0.5)
+    assert pool.serve(request()) == a and pool.serve(request()) == b
+    received = clock.now
+    assert not pool.waits(received, lambda: False)  # both still running theirs: it grows
+    spares.answered.add(b)  # b has sent its reply, and is going home
+    assert pool.waits(received, lambda: False)
+    assert not pool.waits(received, lambda: True)  # a nested call does not wait
+    clock.now += 0.5
+    assert not pool.waits(received, lambda: False)  # waited --spare-wait: it grows
+    clock.now = received
+    say_ready(b)
+    assert not pool.waits(received, lambda: False)
+    assert pool.serve(request()) == b and len(spares.ends) == 2

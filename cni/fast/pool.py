@@ -7,11 +7,15 @@ request is over). Its rules:
   here while no request runs (refill);
 - a request takes the spare back last (serve): it has the request paths in its pages, and the
   others go idle long enough to retire;
-- with none warm, a request's own child is forked as one more spare (grow), up to
-  `--max-spares`: a burst of pods pays a fork per spare, not per request;
+- with none warm, a request waits up to `--spare-wait` for a spare that has answered its
+  request and is on its way back (waits): it is back sooner than a fork, and requests that
+  follow one another (a pod's plugins, pod after pod) never grow the pool beyond `--spares`;
+- with none warm and none on its way back, a request's own child is forked as one more spare
+  (grow), up to `--max-spares`: a burst of pods pays a fork per spare, not per request;
 - with `--max-spares` all busy, a request waits up to `--spare-wait` for one to come back
-  (waits), unless its caller is inside a running request (that request holds a spare until it
-  is answered: waiting would deadlock);
+  (waits);
+- a request whose caller is inside a running request never waits (that request holds a spare
+  until it is answered: waiting could deadlock);
 - the spares beyond `--spares` retire once idle for `--spare-linger` seconds (shrink).
 """
 
@@ -25,9 +29,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cni.fast.child import READY_SIZE, Runner, hand_over, ready_pid, spare_main
+from cni.fast.child import DONE, READY_SIZE, Runner, hand_over, ready_pid, spare_main
 from cni.fast.preload import private_netns
-from cni.fast.procs import become_subreaper, own_group
+from cni.fast.procs import become_subreaper, comm, own_group
 from cni.fast.state import Options
 from cni.fast.zygote import take_spare_sockets, zygote_main
 
@@ -53,13 +57,15 @@ class Spare:
 class SparePool:
     def __init__(self, opts: Options, sel: selectors.BaseSelector, fork: Fork,
                  runner: Runner | None, on_back: Callable[[int], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 answered: Callable[[int], bool] = lambda pid: comm(pid) == DONE) -> None:
         self.opts = opts
         self.sel = sel  # the server's: ctl and zygote sockets are served by its loop
         self.fork = fork
         self.runner = runner
         self.on_back = on_back
         self.clock = clock
+        self.answered = answered  # whether the spare serving as pid has sent its reply
         self.spares: dict[int, Spare] = {}  # by the fd of their ctl
         self.zygote: socket.socket | None = None  # the spare maker's socket (zygote.py)
         self.ordered = 0  # spares asked of the zygote and not received yet
@@ -113,13 +119,18 @@ class SparePool:
 
     def waits(self, received: float, nested: Callable[[], bool]) -> bool:
         """Whether a request complete since `received` waits for a busy spare to come back
-        rather than fork: every spare is busy, the pool is full, and it has waited less than
-        spare_wait. Never a request from inside a running job (`nested`, asked last: it walks
-        /proc): that job holds a spare until it is answered."""
+        rather than fork: no spare is warm, and one has answered its request (it is only
+        going home) or the pool is full; for less than spare_wait. Never a request from inside
+        a running job (`nested`, asked last: it walks /proc): that job holds a spare until it
+        is answered."""
         spares = self.spares.values()
-        if (not self.opts.spares or self.may_grow() or any(s.ready for s in spares)
-                or not any(s.serving for s in spares)
+        if (not self.opts.spares or any(s.ready for s in spares)
                 or self.clock() - received >= self.opts.spare_wait):
+            return False
+        if self.may_grow():
+            if not any(s.serving and self.answered(s.pid) for s in spares):
+                return False
+        elif not any(s.serving for s in spares):
             return False
         return not nested()
 

@@ -24,8 +24,9 @@ class Options:
     # retire once idle for spare_linger seconds.
     max_spares: int = 8
     spare_linger: float = 10.0
-    # With max_spares busy, a request waits this long for one to come back before it forks a
-    # child of its own (a spare is back within milliseconds; a fork costs more CPU than that).
+    # With no spare warm, a request waits this long for one that has answered its request (or,
+    # with max_spares busy, any) to come back before the pool grows or it forks a child of its
+    # own (a spare is back within milliseconds; a fork costs more CPU than that). pool.py.
     spare_wait: float = 0.5
     max_pending: int = 4096  # connections still sending; the oldest go first beyond this
     verbose: bool = False  # log every request served
