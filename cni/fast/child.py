@@ -99,7 +99,7 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None,
     again while it can (back_home). Forked by the zygote it warms up at SCHED_IDLE, and leaves
     it before waiting: a request must not run at idle priority (if it cannot, it exits
     unused). With `first`, it was forked for that request while every spare was busy (the
-    pool grows under load, Server._grow): no warm-up, it serves the request at once and joins
+    pool grows under load, pool.SparePool.grow): no warm-up, it serves the request at once and joins
     the pool after it, as a used spare."""
     code = 3
     try:

@@ -66,7 +66,7 @@ class Ready:
     key: tuple[str, str] | None  # (container ID, ifname): one request at a time per attachment
     peer: int = 0  # the client's pid
     held: bool = False  # waiting for a request on the same attachment
-    inside_job: bool | None = None  # its caller descends from a running job (Server._nested)
+    inside_job: bool | None = None  # its caller descends from a running job (Server._inside_job)
     received: float = field(default_factory=time.monotonic)  # complete (metrics' latency)
 
 
