@@ -10,14 +10,17 @@ daemons and plugins: tests/test_daemon.py."""
 
 from __future__ import annotations
 
+import os
 import selectors
 import socket
 import struct
+import subprocess
 
 import pytest
 
 from cni.fast.child import SPARE_READY, take_job
 from cni.fast.pool import SparePool
+from cni.fast.procs import normal_priority
 from cni.fast.state import Options
 
 
@@ -36,6 +39,7 @@ class Spares:
     def __init__(self) -> None:
         self.ends: dict[int, socket.socket] = {}
         self.answered: set[int] = set()  # spares that have sent their request's reply
+        self.hurried: list[int] = []  # spares the pool moved back to normal priority
         self.pid = 4_190_000
 
     def fork(self) -> tuple[int, socket.socket]:
@@ -71,7 +75,7 @@ def world():
 
     def make(**opts) -> SparePool:
         return SparePool(Options(**opts), sel, spares.fork, None, back.append, clock=clock,
-                         answered=lambda pid: pid in spares.answered)
+                         answered=lambda pid: pid in spares.answered, hurry=spares.hurried.append)
 
     def say_ready(pid: int) -> None:
         """Spare `pid` says it is warm (or back after a request); the server's loop reads it."""
@@ -198,10 +202,26 @@ def test_a_request_waits_for_a_spare_on_its_way_back_rather_than_grow(world) -> 
     assert not pool.waits(received, lambda: False)  # both still running theirs: it grows
     spares.answered.add(b)  # b has sent its reply, and is going home
     assert pool.waits(received, lambda: False)
+    assert spares.hurried == [b]  # it goes home at normal priority: a request waits for it
     assert not pool.waits(received, lambda: True)  # a nested call does not wait
+    assert spares.hurried == [b]
     clock.now += 0.5
     assert not pool.waits(received, lambda: False)  # waited --spare-wait: it grows
     clock.now = received
     say_ready(b)
     assert not pool.waits(received, lambda: False)
     assert pool.serve(request()) == b and len(spares.ends) == 2
+
+
+@pytest.mark.root
+def test_a_spare_waited_for_is_moved_to_normal_priority() -> None:
+    """What the pool's `hurry` does to a real process going home at SCHED_IDLE."""
+    idle = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: os.sched_setscheduler(
+        0, os.SCHED_IDLE, os.sched_param(0)))
+    try:
+        assert os.sched_getscheduler(idle.pid) == os.SCHED_IDLE
+        normal_priority(idle.pid)
+        assert os.sched_getscheduler(idle.pid) == os.SCHED_OTHER
+    finally:
+        idle.kill()
+        idle.wait()

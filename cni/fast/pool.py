@@ -10,6 +10,8 @@ request is over). Its rules:
 - with none warm, a request waits up to `--spare-wait` for a spare that has answered its
   request and is on its way back (waits): it is back sooner than a fork, and requests that
   follow one another (a pod's plugins, pod after pod) never grow the pool beyond `--spares`;
+  a spare a request waits for goes home at normal priority (child.back_home runs at
+  SCHED_IDLE, for the caller's next plugin: here that one is waiting for it);
 - with none warm and none on its way back, a request's own child is forked as one more spare
   (grow), up to `--max-spares`: a burst of pods pays a fork per spare, not per request;
 - with `--max-spares` all busy, a request waits up to `--spare-wait` for one to come back
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 
 from cni.fast.child import DONE, READY_SIZE, Runner, hand_over, ready_pid, spare_main
 from cni.fast.preload import private_netns
-from cni.fast.procs import become_subreaper, comm, own_group
+from cni.fast.procs import become_subreaper, comm, normal_priority, own_group
 from cni.fast.state import Options
 from cni.fast.zygote import take_spare_sockets, zygote_main
 
@@ -58,7 +60,8 @@ class SparePool:
     def __init__(self, opts: Options, sel: selectors.BaseSelector, fork: Fork,
                  runner: Runner | None, on_back: Callable[[int], None],
                  clock: Callable[[], float] = time.monotonic,
-                 answered: Callable[[int], bool] = lambda pid: comm(pid) == DONE) -> None:
+                 answered: Callable[[int], bool] = lambda pid: comm(pid) == DONE,
+                 hurry: Callable[[int], None] = normal_priority) -> None:
         self.opts = opts
         self.sel = sel  # the server's: ctl and zygote sockets are served by its loop
         self.fork = fork
@@ -66,6 +69,7 @@ class SparePool:
         self.on_back = on_back
         self.clock = clock
         self.answered = answered  # whether the spare serving as pid has sent its reply
+        self.hurry = hurry  # a spare going home that a request waits for: at normal priority
         self.spares: dict[int, Spare] = {}  # by the fd of their ctl
         self.zygote: socket.socket | None = None  # the spare maker's socket (zygote.py)
         self.ordered = 0  # spares asked of the zygote and not received yet
@@ -127,12 +131,14 @@ class SparePool:
         if (not self.opts.spares or any(s.ready for s in spares)
                 or self.clock() - received >= self.opts.spare_wait):
             return False
-        if self.may_grow():
-            if not any(s.serving and self.answered(s.pid) for s in spares):
-                return False
-        elif not any(s.serving for s in spares):
+        going_home = [s.pid for s in spares if s.serving and self.answered(s.pid)]
+        if not (going_home or not self.may_grow() and any(s.serving for s in spares)):
             return False
-        return not nested()
+        if nested():
+            return False
+        for pid in going_home:
+            self.hurry(pid)
+        return True
 
     def said_ready(self, pid: int) -> bool:
         """Whether the spare running as `pid` has said it is back (not yet read here)."""

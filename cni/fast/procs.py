@@ -68,3 +68,12 @@ def set_name(name: str) -> None:
 def become_subreaper() -> bool:
     """Orphans of our descendants come to us (to be reaped, or adopted as spares)."""
     return nsfd.libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def normal_priority(pid: int) -> None:
+    """Move process `pid` from SCHED_IDLE back to SCHED_OTHER (needs CAP_SYS_NICE: the daemon
+    runs as root); quietly nothing if it may not."""
+    try:
+        os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+    except OSError:
+        pass
