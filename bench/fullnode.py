@@ -570,7 +570,7 @@ def write_section(lines: list[str]) -> None:
 def main() -> int:
     import tempfile
 
-    from run import Daemon, enter_private_mounts, our_bin
+    from world import Daemon, enter_private_mounts, our_bin
 
     enter_private_mounts()
     tmp = Path(tempfile.mkdtemp(prefix="pycni-fullnode-"))

@@ -121,7 +121,7 @@ def _run(plugin: str, env: dict[str, str], config: dict) -> tuple[float, list[Ca
 
 def main() -> None:
     global _HOME
-    from run import enter_private_mounts  # bench/run.py: this script's folder is on sys.path
+    from world import enter_private_mounts  # bench/world.py: this script's folder is on sys.path
 
     enter_private_mounts(also=(("/run/pycni", "0700"), ("/var/lib/cni", "0755")))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

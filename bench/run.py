@@ -21,7 +21,6 @@ import platform
 import re
 import secrets
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -33,8 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH.parent), str(BENCH)]
 
 from driver import (  # noqa: E402
     LIBCNI_VERSION_STDIN,
@@ -47,10 +46,10 @@ from driver import (  # noqa: E402
     chain_del,
     run_plugin,
 )
+from world import ROOT, VENV_PY, Daemon, enter_private_mounts, our_bin  # noqa: E402
 
 from cni import registry  # noqa: E402
 
-VENV_PY = ROOT / ".venv" / "bin" / "python"
 REFERENCE = Path("/usr/lib/cni")
 # The newest reference (v1.9.1, nftables backends), built beside every checkout (README there)
 REFERENCE_V19 = (ROOT / ".." / "shared" / "reference" / "bin").resolve()
@@ -62,23 +61,6 @@ CLONE_NEWNET = 0x40000000
 
 
 # --- the throwaway world ----------------------------------------------------------------------
-
-def enter_private_mounts(also: tuple[tuple[str, str], ...] = ()) -> None:
-    """Re-exec in a private mount namespace with its own /run/netns (nothing can leak), and a
-    fresh tmpfs on each (path, mode) of `also`."""
-    if os.environ.get("PYCNI_BENCH_NS") != "1":
-        if os.geteuid() != 0:
-            raise SystemExit("bench: needs root (network namespaces)")
-        os.environ["PYCNI_BENCH_NS"] = "1"
-        os.execvp("unshare", ["unshare", "--mount", "--propagation", "private", "--",
-                              sys.executable, *sys.argv])
-    os.makedirs("/run/netns", exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "pycni-bench-netns", "/run/netns"], check=True)
-    for path, mode in also:
-        os.makedirs(path, exist_ok=True)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"mode={mode}", "pycni-bench", path],
-                       check=True)
-
 
 def ensure_iptables() -> None:
     """The reference portmap and bridge ipMasq shell out to iptables (rules stay in our netns)."""
@@ -120,73 +102,6 @@ class Lab:
     def drop(path: str) -> None:
         subprocess.run(["ip", "netns", "del", os.path.basename(path)], check=False,
                        capture_output=True)
-
-
-def our_bin(tmp: Path) -> tuple[Path, str]:
-    """What `pycni install` writes (direct #! to the venv python), else the repo's bin/."""
-    try:
-        from cni import install
-
-        d = tmp / "pycni-bin"
-        d.mkdir()
-        exe = d / "pycni-plugin"
-        exe.write_bytes(install.render_multicall(install.venv_python(), install.ROOT))
-        exe.chmod(0o755)
-        for name in PLUGINS:
-            (d / name).symlink_to("pycni-plugin")
-        return d, "installed copy (`#!<venv python> -IS`, as `pycni install` writes it)"
-    except Exception as e:  # install's API moved: measure the repo's executables instead
-        return ROOT / "bin", f"repo bin/ (sh trampoline; install copy failed: {e})"
-
-
-@dataclass
-class Daemon:
-    proc: subprocess.Popen
-    socket: Path
-    log: Path
-
-    @classmethod
-    def start(cls, tmp: Path) -> Daemon:
-        run = tmp / "run"
-        sock, log = run / "pycni.sock", tmp / "daemon.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen([str(VENV_PY), "-m", "cni.fast.daemon", "--socket",
-                                     str(sock)], stdout=out, stderr=subprocess.STDOUT,
-                                    cwd=ROOT)
-        deadline = time.monotonic() + 120
-        while "listening" not in log.read_text():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"bench: the daemon did not start:\n{log.read_text()}")
-            time.sleep(0.05)
-        return cls(proc, sock, log)
-
-    def memory_kb(self) -> dict[str, int]:
-        """The parent's VmHWM and VmRSS; the PSS of the parent and its children (spares, which
-        now live on across requests, and the zygote) summed: what the daemon holds."""
-        fields = {}
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmHWM", "VmRSS"):
-                fields[key] = int(value.split()[0])
-        pids = [self.proc.pid, *map(int, Path(
-            f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split())]
-        fields["Pss"] = fields["processes"] = 0
-        for pid in pids:
-            try:
-                rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
-            except OSError:
-                continue  # gone meanwhile
-            fields["Pss"] += int(rollup.split("\nPss:")[1].split()[0])
-            fields["processes"] += 1
-        return fields
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 # --- measuring --------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from rootskips import missing
 from test_daemon import start_daemon, wait_for  # noqa: F401 (a fixture)
 
 from cni.fast import child
-from cni.fast.server import Job, Options
+from cni.fast.state import Job
 from cni.skel import Reply
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -176,14 +176,15 @@ def test_prometheus_scrapes_request_counts_latencies_errors_and_gc(
 
 
 class FakeServer:
-    """What Metrics reads of the daemon's Server."""
+    """What Metrics reads of the daemon's Server (metrics.Daemon)."""
 
     def __init__(self) -> None:
         self.jobs: dict[int, Job] = {}
         self.queue: deque = deque()
-        self.spares: dict = {}
         self.sel = selectors.DefaultSelector()
-        self.opts = Options()
+
+    def warm_spares(self) -> int:
+        return 0
 
 
 def free_port() -> int:

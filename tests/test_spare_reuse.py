@@ -28,7 +28,7 @@ from test_daemon import (  # noqa: F401 (start_daemon is a fixture)
 )
 
 from cni.fast import child
-from cni.fast.zygote import PR_SET_CHILD_SUBREAPER
+from cni.fast.procs import PR_SET_CHILD_SUBREAPER
 from cni.host import netns
 from cni.host.errors import NamespaceMissing
 from cni.host.nsfd import libc, setns

@@ -33,7 +33,7 @@ from typing import NamedTuple
 from cni.fast import protocol as proto
 from cni.fast.fds import close_all, fds_from
 from cni.fast.preload import keep_home_sockets, set_environ, warm_requests, warm_up
-from cni.fast.zygote import PR_SET_CHILD_SUBREAPER
+from cni.fast.procs import become_subreaper, set_name
 from cni.host import nsfd
 
 log = logging.getLogger("pycni.daemon")
@@ -99,7 +99,7 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None,
     again while it can (back_home). Forked by the zygote it warms up at SCHED_IDLE, and leaves
     it before waiting: a request must not run at idle priority (if it cannot, it exits
     unused). With `first`, it was forked for that request while every spare was busy (the
-    pool grows under load, Server._grow): no warm-up, it serves the request at once and joins
+    pool grows under load, pool.SparePool.grow): no warm-up, it serves the request at once and joins
     the pool after it, as a used spare."""
     code = 3
     try:
@@ -111,7 +111,7 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None,
         set_name(SPARE)  # tells idle spares from running requests in ps
         # What a request leaves running (a double-forking IPAM plugin) is re-parented to us,
         # so back_home sees it, kills and reaps it.
-        nsfd.libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        become_subreaper()
         if first is None:
             warm_up(netlink=False)
             warm_requests(warm_netns)
@@ -435,7 +435,3 @@ def netns_fd(by_role: dict[int, int]) -> int | None:
     path itself and answers exactly as in-process (the shim does not check, to stay cheap)."""
     fd = by_role.get(proto.ROLE_NETNS)
     return fd if fd is not None and nsfd.is_netns(fd) else None
-
-
-def set_name(name: str) -> None:
-    nsfd.libc().prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME: what ps and comm show

@@ -77,14 +77,15 @@ def run_daemon(opts: Options, runner: Runner | None = None) -> int:
               help="Children forked and warmed ahead of requests; each serves request after "
                    "request.")
 @click.option("--max-spares", type=int, default=Options.max_spares, show_default=True,
-              help="Spares at most: while every spare is busy, a request's child stays as one "
-                   "more (unless --spares is 0); those beyond --spares retire after "
+              help="Spares at most: while every spare runs a request, a request's child stays "
+                   "as one more (unless --spares is 0); those beyond --spares retire after "
                    "--spare-linger idle seconds.")
 @click.option("--spare-linger", type=float, default=Options.spare_linger, show_default=True,
               help="Seconds an extra spare stays idle before it retires.")
 @click.option("--spare-wait", type=float, default=Options.spare_wait, show_default=True,
-              help="Seconds a request waits for a busy spare, with --max-spares all busy, "
-                   "before it forks a child of its own.")
+              help="Seconds a request with no spare warm waits for one to come back (one "
+                   "that has answered its request, or any with --max-spares all busy) before "
+                   "the pool grows or it forks a child of its own.")
 @click.option("--metrics-listen", metavar="HOST:PORT", envvar="PYCNI_METRICS_LISTEN",
               default="", callback=lambda _ctx, _param, value: _listen(value),
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (off by default; "

@@ -24,7 +24,8 @@ import selectors
 import socket
 import struct
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sized
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
@@ -33,9 +34,7 @@ from cni import registry
 from cni.fast import child
 from cni.fast.child import EXIT_NOT_STARTED
 from cni.fast.fds import accepted
-
-if TYPE_CHECKING:
-    from cni.fast.server import Job, Server
+from cni.fast.state import Job
 
 log = logging.getLogger("pycni.daemon")
 
@@ -85,10 +84,20 @@ def _label(value: str, known: tuple[str, ...]) -> str:
     return value if value in known else "other"
 
 
-class Metrics:
-    """The registry, the outcome socket and the HTTP endpoint, hooked into one Server."""
+class Daemon(Protocol):
+    """What the metrics read of the daemon's parent (server.Server)."""
 
-    def __init__(self, server: Server, listen: str) -> None:
+    sel: selectors.BaseSelector  # its loop: the endpoint and the outcomes are served there
+    jobs: dict[int, Job]  # running requests, by their child's pid
+    queue: Sized  # requests waiting for a child
+
+    def warm_spares(self) -> int: ...
+
+
+class Metrics:
+    """The registry, the outcome socket and the HTTP endpoint, hooked into one daemon."""
+
+    def __init__(self, server: Daemon, listen: str) -> None:
         self.server = server
         self.registry = reg = CollectorRegistry()
         self.requests = Counter("pycni_requests", "Requests answered, by plugin, verb and "
@@ -110,7 +119,7 @@ class Metrics:
         Gauge("pycni_requests_in_flight", "Requests received and not yet answered",
               registry=reg).set_function(lambda: len(server.jobs) + len(server.queue))
         Gauge("pycni_spares_warm", "Spares warm and waiting for a request",
-              registry=reg).set_function(lambda: sum(s.ready for s in server.spares.values()))
+              registry=reg).set_function(server.warm_spares)
         self.outcomes: dict[int, tuple[int, int, float]] = {}
         self.conns: dict[int, _Conn] = {}
         self.inbox, out = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)

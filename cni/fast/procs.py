@@ -1,5 +1,5 @@
-"""What the daemon reads of its children from /proc, their process groups, and forking one
-with a control socket."""
+"""What the daemon reads of its children from /proc, their process groups, forking one with a
+control socket, and what a process of the daemon sets about itself (its name, subreaper)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ import logging
 import os
 import socket
 
+from cni.host import nsfd
+
 log = logging.getLogger("pycni.daemon")
+
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NAME = 15
 
 
 def fork_with_socket(what: str) -> tuple[int, socket.socket] | None:
@@ -54,3 +59,21 @@ def own_group(pid: int) -> None:
         os.setpgid(pid, pid)  # its own group: a timeout kills what it spawned too
     except OSError:
         pass  # it did it itself first
+
+
+def set_name(name: str) -> None:
+    nsfd.libc().prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)  # what ps and comm show
+
+
+def become_subreaper() -> bool:
+    """Orphans of our descendants come to us (to be reaped, or adopted as spares)."""
+    return nsfd.libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def normal_priority(pid: int) -> None:
+    """Move process `pid` from SCHED_IDLE back to SCHED_OTHER (needs CAP_SYS_NICE: the daemon
+    runs as root); quietly nothing if it may not."""
+    try:
+        os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+    except OSError:
+        pass

@@ -1,6 +1,7 @@
 """The daemon's parent process: accepts connections, reads requests without blocking (each with
-a deadline), queues them, one at a time per attachment, hands each to a forked child, and answers
-for a child that times out, crashes or loses its caller. See daemon.py for the whole picture."""
+a deadline), queues them, one at a time per attachment, hands each to a spare (pool.py) or a
+child forked for it, and answers for a child that times out, crashes or loses its caller. See
+docs/DESIGN.md for the request's whole path."""
 
 from __future__ import annotations
 
@@ -14,117 +15,20 @@ import socket
 import struct
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from cni import __version__  # bound at start: the version this daemon runs
 from cni.fast import protocol as proto
-from cni.fast.child import (
-    DONE,
-    EXIT_NOT_STARTED,
-    READY_SIZE,
-    Runner,
-    hand_over,
-    ready_pid,
-    run_child,
-    spare_main,
-)
+from cni.fast.child import DONE, EXIT_NOT_STARTED, Runner, run_child
 from cni.fast.fds import accepted, close_all, drain, fds_from, peer_gone, send_quietly
 from cni.fast.handover import Handover
 from cni.fast.listener import inode, sd_notify, sock_name
-from cni.fast.preload import private_netns
+from cni.fast.pool import SparePool
 from cni.fast.procs import comm, fork_with_socket, own_group, parent
-from cni.fast.zygote import become_subreaper, take_spare_sockets, zygote_main
+from cni.fast.state import Counts, Job, Options, Pending, Ready
 
 log = logging.getLogger("pycni.daemon")
 
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-
-
-@dataclass
-class Options:
-    socket_path: str = proto.DEFAULT_SOCKET
-    timeout: float = 120.0  # per request, from fork to reply
-    read_timeout: float = 10.0  # for a request to arrive completely after connect
-    max_request: int = proto.MAX_REQUEST
-    max_children: int = 64  # running at once; more wait in a queue
-    spares: int = 2  # children forked and warmed ahead, so a request pays neither; reused
-    # Under load (every spare busy) a request's child becomes a spare too, up to max_spares:
-    # a burst of pods then pays a fork per spare, not per request. The spares beyond `spares`
-    # retire once idle for spare_linger seconds.
-    max_spares: int = 8
-    spare_linger: float = 10.0
-    # With max_spares busy, a request waits this long for one to come back before it forks a
-    # child of its own (a spare is back within milliseconds; a fork costs more CPU than that).
-    spare_wait: float = 0.5
-    max_pending: int = 4096  # connections still sending; the oldest go first beyond this
-    verbose: bool = False  # log every request served
-    metrics_listen: str = ""  # HOST:PORT serving GET /metrics (metrics.py); "" = off
-
-
-@dataclass
-class Counts:
-    """The daemon's own figures since it started: the status query's (status.py), for tests
-    to prove the daemon served (the shim may fall back to in-process) and for metrics."""
-
-    started: int = 0  # requests handed to a child: a warm spare, or one forked for it
-    answered: int = 0  # started requests that got a reply (from their child, or for it)
-    forked: int = 0  # started requests that forked a child of their own (no spare was warm)
-    spares_retired: int = 0  # spares gone: exited (not back, MAX_SERVED), died, or dropped
-
-
-@dataclass
-class Pending:
-    """A connection whose request is still arriving."""
-
-    conn: socket.socket
-    deadline: float
-    buf: bytearray = field(default_factory=bytearray)
-    fds: list[int] = field(default_factory=list)
-    peer: int = 0  # the client's pid (SO_PEERCRED), to tell a nested call
-    refused: str = ""  # answered with this error once its request is in (so it reads it)
-
-
-@dataclass
-class Ready:
-    """A complete request, waiting for a child."""
-
-    conn: socket.socket
-    data: bytes
-    fds: list[int]
-    label: str  # "plugin COMMAND containerid", for logs and error messages
-    key: tuple[str, str] | None  # (container ID, ifname): one request at a time per attachment
-    peer: int = 0  # the client's pid
-    held: bool = False  # waiting for a request on the same attachment
-    inside_job: bool | None = None  # its caller descends from a running job (_waits_for_spare)
-    received: float = field(default_factory=time.monotonic)  # complete (metrics' latency)
-
-
-@dataclass
-class Spare:
-    """A child forked and warmed ahead of time, waiting on `ctl` for a request; it says when it
-    is ready again after one (child.back_home), or exits."""
-
-    ctl: socket.socket
-    pid: int = 0  # known once it is ready (the zygote's spares say it then)
-    ready: bool = False  # warmed (it said so on ctl): a request handed to it runs at once
-    serving: bool = False  # running a request (its Job is in Server.jobs under its pid)
-    idle_since: float = 0.0  # when it last said it is ready
-
-
-@dataclass
-class Job:
-    """A request a child is running; the parent keeps the connection to answer if it dies."""
-
-    pid: int
-    conn: socket.socket
-    deadline: float
-    label: str
-    stdin: bytes
-    key: tuple[str, str] | None = None
-    timed_out: bool = False
-    abandoned: bool = False  # its caller went away (the runtime killed the plugin)
-    watched: bool = True  # its connection is in the selector (for the caller hanging up)
-    received: float = 0.0  # when its request was complete (Ready.received)
 
 
 class Server:
@@ -141,13 +45,10 @@ class Server:
         self.jobs: dict[int, Job] = {}
         # attachment -> pids of its running jobs: one, plus the nested calls it made itself
         self.busy: dict[tuple[str, str], set[int]] = {}
-        self.spares: dict[int, Spare] = {}
         self.stopping = False
         self.signals = 0  # SIGTERM/SIGINT seen; acted on in the loop, never inside the handler
         self.wake_r, self.wake_w = socket.socketpair()
-        self.zygote: socket.socket | None = None  # the spare maker's socket (zygote.py)
-        self.ordered = 0  # spares asked of the zygote and not received yet
-        self.warm_netns: int | None = None  # where spares warm up (preload.private_netns)
+        self.pool = SparePool(opts, self.sel, self._fork, runner, self._spare_back)
         self.counts = Counts()
         self.metrics = None  # metrics.Metrics when --metrics-listen is set
         self.handover = Handover(self)  # to a successor, when pycni install asks (upgrades)
@@ -158,12 +59,10 @@ class Server:
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, self._accept)
         self.sel.register(self.wake_r, selectors.EVENT_READ, self._wake)
-        if self.opts.spares > 0:
-            self.warm_netns = private_netns()
         if self.opts.metrics_listen:  # before any fork: children inherit its outcome socket
             from cni.fast.metrics import Metrics
-            self.metrics = Metrics(self, self.opts.metrics_listen)
-        self._start_zygote()
+            self.metrics = self.pool.metrics = Metrics(self, self.opts.metrics_listen)
+        self.pool.start()
         log.info("pycni daemon %d listening on %s", os.getpid(), sock_name(self.listener))
         sd_notify(f"READY=1\nSTATUS=serving on {sock_name(self.listener)}\nMAINPID={os.getpid()}")
         while not (self.stopping and not (self.jobs or self.pending or self.queue)):
@@ -175,15 +74,14 @@ class Server:
             if self.metrics:
                 self.metrics.expire()
             self._start_queued()
-            self._refill_spares()
-            self._shrink_spares()
+            self.pool.tend(len(self.jobs), bool(self.queue))
         self._close_listener()
         log.info("pycni daemon %d stopped", os.getpid())
 
     def _next_timeout(self) -> float:
         deadlines = [p.deadline for p in self.pending.values()]
         deadlines += [j.deadline for j in self.jobs.values() if not j.timed_out]
-        # when a request waiting for a spare stops waiting (_waits_for_spare); not those past
+        # when a request waiting for a spare stops waiting (pool.waits); not those past
         # it, which wait for their attachment alone (held): they would spin the loop
         now = time.monotonic()
         deadlines += [r.received + self.opts.spare_wait for r in self.queue
@@ -229,9 +127,7 @@ class Server:
         self.stopping = True
         self.handover.cancel("the daemon is stopping")
         self._close_listener()
-        for spare in [s for s in self.spares.values() if not s.serving]:
-            self._drop_spare(spare)  # EOF: it exits without running anything
-        self._retire_zygote()
+        self.pool.stop()
 
     def _wake(self, sock: socket.socket) -> None:
         try:
@@ -319,16 +215,14 @@ class Server:
     def status(self) -> dict:
         """The figures a status query answers (status.query). The version is the one this
         daemon imported when it started: a newer pycni installed since does not change it."""
-        spares = self.spares.values()
         return {"version": __version__, "pid": os.getpid(), "started": self.counts.started,
                 "answered": self.counts.answered, "forked": self.counts.forked,
                 "running": len(self.jobs), "queued": len(self.queue),
-                "stopping": self.stopping,
-                "spares": {"configured": self.opts.spares, "max": self.opts.max_spares,
-                           "warm": sum(s.ready and not s.serving for s in spares),
-                           "serving": sum(s.serving for s in spares),
-                           "retired": self.counts.spares_retired,
-                           "ordered": self.ordered}}  # asked of the zygote, not yet here
+                "stopping": self.stopping, "spares": self.pool.status()}
+
+    def warm_spares(self) -> int:
+        """Spares warm and waiting (metrics' gauge)."""
+        return self.pool.warm()
 
     def _answer_status(self, conn: socket.socket, refused: str, fds: list[int]) -> None:
         """A status query: answered here, no child, no ACK (root only, as every request)."""
@@ -371,25 +265,18 @@ class Server:
                     log.debug("%s waits for the request running on its attachment",
                               ready.label)
                 ready.held = True
-            elif self._waits_for_spare(ready):
+            elif self.pool.waits(ready.received, lambda ready=ready: self._inside_job(ready)):
                 continue
             else:
                 self.queue.remove(ready)
                 self._start(ready)
 
-    def _waits_for_spare(self, ready: Ready) -> bool:
-        """Whether the request waits for a busy spare to come back rather than fork: every
-        spare is busy, the pool is full, and it has waited less than spare_wait. Never a
-        request from inside a running job (an IPAM plugin that bridge exec'd): that job holds
-        a spare until it is answered."""
-        spares = self.spares.values()
-        if (not self.opts.spares or self._may_grow() or any(s.ready for s in spares)
-                or not any(s.serving for s in spares)
-                or time.monotonic() - ready.received >= self.opts.spare_wait):
-            return False
+    def _inside_job(self, ready: Ready) -> bool:
+        """Whether the request's caller descends from a running job (an IPAM plugin that bridge
+        exec'd): asked once per request, its caller being alive (connected)."""
         if ready.inside_job is None:
             ready.inside_job = self._descends_from(ready.peer, self.jobs.keys())
-        return not ready.inside_job
+        return ready.inside_job
 
     @staticmethod
     def _descends_from(pid: int, ancestors) -> bool:
@@ -414,22 +301,20 @@ class Server:
         return False
 
     def _start(self, ready: Ready) -> None:
-        stdin = proto.decode_request(ready.data)[2]
-        # The spare back last first: it has the request paths in its pages, and the others go
-        # idle long enough to retire when the pool has grown beyond --spares (_shrink_spares).
-        for spare in sorted((s for s in self.spares.values() if s.ready),
-                            key=lambda s: s.idle_since, reverse=True):
-            if hand_over(spare.ctl, ready.conn, ready.data, ready.fds):
-                spare.ready, spare.serving = False, True
-                self.counts.started += 1
-                if self.metrics:
-                    self.metrics.spare_served.inc()
-                self._started(spare.pid, ready, stdin)
-                return
-            self._drop_spare(spare)
-        if self._may_grow() and self._grow(ready, stdin):
-            return
+        """To a warm spare; else to a new spare (the pool grows); else to a child of its own."""
         plugin, env_block, stdin, roles, umask = proto.decode_request(ready.data)
+        request = (ready.conn, ready.data, ready.fds)
+        pid = self.pool.serve(request)
+        if pid is not None:
+            self.counts.started += 1
+            if self.metrics:
+                self.metrics.spare_served.inc()
+            self._started(pid, ready, stdin)
+            return
+        pid = self.pool.grow(request, ready.label)
+        if pid is not None:
+            self._started_forked(pid, ready, stdin)
+            return
         try:
             pid = os.fork()
         except OSError as e:
@@ -444,28 +329,6 @@ class Server:
         own_group(pid)
         self._started_forked(pid, ready, stdin)
 
-    def _may_grow(self) -> bool:
-        """Whether a request with no spare warm gets a new spare (--spares 0: no pool)."""
-        return (self.opts.spares > 0 and not self.stopping
-                and len(self.spares) + self.ordered < self.opts.max_spares)
-
-    def _grow(self, ready: Ready, stdin: bytes) -> bool:
-        """Fork a spare that serves `ready` at once and then stays (child.spare_main with
-        `first`); False if the fork failed (the caller forks a one-request child, or not)."""
-        forked = self._fork()
-        if forked is None:
-            return False
-        pid, end = forked
-        if pid == 0:
-            spare_main(end, self.opts.timeout, self.runner, self.warm_netns,
-                       first=(ready.conn, ready.data, ready.fds))  # never returns
-        own_group(pid)
-        log.debug("%s: every spare busy, forked spare %d for it", ready.label, pid)
-        spare = self._add_spare(end)
-        spare.pid, spare.serving = pid, True
-        self._started_forked(pid, ready, stdin)
-        return True
-
     def _started_forked(self, pid: int, ready: Ready, stdin: bytes) -> None:
         """A request started in a child forked for it (a one-request child or a new spare)."""
         self.counts.started += 1
@@ -473,20 +336,6 @@ class Server:
         if self.metrics:
             self.metrics.forks.inc()
         self._started(pid, ready, stdin)
-
-    def _shrink_spares(self) -> None:
-        """Retire the spares beyond `spares` that have been idle for spare_linger seconds
-        (the pool grew for a burst that is over), the longest idle first."""
-        extra = len(self.spares) + self.ordered - self.opts.spares
-        if extra <= 0:
-            return
-        since = time.monotonic() - self.opts.spare_linger
-        idle = sorted((s for s in self.spares.values()
-                       if s.ready and not s.serving and s.idle_since <= since),
-                      key=lambda s: s.idle_since)
-        for spare in idle[:extra]:
-            log.debug("spare %d retires: idle for %gs", spare.pid, self.opts.spare_linger)
-            self._drop_spare(spare)
 
     def _started(self, pid: int, ready: Ready, stdin: bytes) -> None:
         close_all(ready.fds)
@@ -512,134 +361,18 @@ class Server:
         job.watched = False
         if self.jobs.get(job.pid) is not job:
             return
-        if comm(job.pid) == DONE or self._said_ready(job.pid):
+        if comm(job.pid) == DONE or self.pool.said_ready(job.pid):
             self._release(job)  # it had answered: the caller read the reply and closed
             return
         log.info("%s: the caller went away; stopping its request", job.label)
         job.abandoned = True
         self._kill(job)
 
-    def _refill_wanted(self, zygote: bool) -> bool:
-        """Whether to make a spare: asked of the zygote at once (it works at SCHED_IDLE);
-        forked here only while no request runs. Spares serving a request count: they come
-        back (a pod's next plugin finds the other one)."""
-        have = len(self.spares) + self.ordered
-        idle = have - sum(s.serving for s in self.spares.values())
-        return (not self.stopping and have < self.opts.spares
-                and len(self.jobs) + idle < self.opts.max_children
-                and (zygote or not (self.queue or self.jobs)))
-
-    def _refill_spares(self) -> None:
-        """Keep `spares` children warmed and waiting, within max_children. Forking and warming
-        one costs ~5 ms of CPU: the zygote's (zygote.py) take only CPU nothing else wants, so
-        they are asked for at once; without it the parent forks them only while no request
-        runs, which a running request on a small box would wait for. Requests go to warm
-        spares only; with none, a request forks a child of its own (no warm-up: less CPU)."""
-        while self._refill_wanted(bool(self.zygote)):
-            if self.zygote is not None:
-                try:
-                    self.zygote.send(b"S")
-                    self.ordered += 1
-                    continue
-                except OSError:
-                    self._retire_zygote()
-            forked = self._fork()
-            if forked is None:
-                return
-            pid, end = forked
-            if pid == 0:
-                self._spare_main(end)  # never returns
-            own_group(pid)
-            self._add_spare(end)
-
-    def _add_spare(self, ctl: socket.socket) -> Spare:
-        spare = self.spares[ctl.fileno()] = Spare(ctl)
-        self.sel.register(ctl, selectors.EVENT_READ,
-                          lambda _c, spare=spare: self._spare_says(spare))
-        return spare
-
-    def _spare_says(self, spare: Spare) -> None:
-        """A spare says when it is warm, with its pid, and again once it has served a request
-        and is back (that request is then over); EOF: it died (reaped as a child)."""
-        try:
-            said = spare.ctl.recv(READY_SIZE, socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            said = b""
-        pid = ready_pid(said)
-        if not pid:
-            self._drop_spare(spare)
-            return
-        if spare.serving:
-            spare.serving = False
-            job = self.jobs.pop(spare.pid, None)
-            if job is not None:
-                self._finish(job, 0, "the spare is back")
-        elif not spare.pid:
-            log.debug("spare %d is warm", pid)  # requests from now on skip the fork
-        spare.pid, spare.ready, spare.idle_since = pid, True, time.monotonic()
-        if self.stopping:
-            self._drop_spare(spare)
-
-    def _said_ready(self, pid: int) -> bool:
-        """Whether the spare running as `pid` has said it is back (not yet read here)."""
-        for spare in self.spares.values():
-            if spare.pid == pid and spare.serving:
-                try:
-                    return spare.ctl.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-                except OSError:
-                    return False
-        return False
-
-    def _spare_main(self, ctl: socket.socket) -> None:
-        spare_main(ctl, self.opts.timeout, self.runner, self.warm_netns)
-
-    def _start_zygote(self) -> None:
-        """Fork the spare maker (zygote.py), if spares are wanted and we can adopt its
-        grandchildren; else the parent forks its spares itself."""
-        if self.opts.spares <= 0 or not become_subreaper():
-            return
-        forked = self._fork()
-        if forked is None:
-            return
-        pid, end = forked
-        if pid == 0:
-            zygote_main(end, self._spare_main)
-            os._exit(0)
-        self.zygote = end
-        self.sel.register(end, selectors.EVENT_READ, lambda _c: self._zygote_says())
-
-    def _zygote_says(self) -> None:
-        assert self.zygote is not None
-        socks = take_spare_sockets(self.zygote)
-        if socks is None:
-            log.warning("the spare maker is gone; forking spares here")
-            self._retire_zygote()
-            return
-        for ctl in socks:
-            self.ordered = max(0, self.ordered - 1)
-            if self.stopping:
-                ctl.close()
-            else:
-                self._add_spare(ctl)
-
-    def _retire_zygote(self) -> None:
-        if self.zygote is not None:
-            self.sel.unregister(self.zygote)
-            self.zygote.close()  # EOF: it exits
-            self.zygote = None
-            self.ordered = 0
-
-    def _drop_spare(self, spare: Spare, retire: bool = True) -> None:
-        """Forget a spare; with retire, close its ctl too (it exits on that EOF)."""
-        if self.spares.pop(spare.ctl.fileno(), None) is not None:
-            self.sel.unregister(spare.ctl)
-            self.counts.spares_retired += 1
-            if self.metrics:
-                self.metrics.retired.inc()
-        if retire:
-            spare.ctl.close()
+    def _spare_back(self, pid: int) -> None:
+        """The spare serving the job of `pid` is back: that request is over."""
+        job = self.jobs.pop(pid, None)
+        if job is not None:
+            self._finish(job, 0, "the spare is back")
 
     def _fork(self) -> tuple[int, socket.socket] | None:
         """fork_with_socket, the child leaving the parent's loop behind (_become_child)."""
@@ -663,10 +396,7 @@ class Server:
         for other in self.queue:
             other.conn.close()
             close_all(other.fds)
-        for spare in self.spares.values():
-            spare.ctl.close()
-        if self.zygote is not None:
-            self.zygote.close()
+        self.pool.close_in_child()
         if self.metrics:
             self.metrics.close_in_child()
         self.sel.close()
@@ -689,8 +419,7 @@ class Server:
             job = self.jobs.pop(pid, None)
             if job is not None:
                 self._finish(job, os.waitstatus_to_exitcode(status))
-            for spare in [s for s in self.spares.values() if s.pid == pid]:
-                self._drop_spare(spare)  # died before it got work: nothing to answer
+            self.pool.gone(pid)  # a spare that died before it got work: nothing to answer
 
     def _release(self, job: Job) -> None:
         """The job's attachment is free for the next request: the job is over (reaped), or it

@@ -26,26 +26,17 @@ import struct
 from collections.abc import Callable
 
 from cni.fast.fds import fds_from
-from cni.fast.procs import fork_with_socket
+from cni.fast.procs import fork_with_socket, set_name
 
 log = logging.getLogger("pycni.daemon")
 
-PR_SET_CHILD_SUBREAPER = 36
 NAME = "pycni-zygote"
 
 SpareMain = Callable[[socket.socket], None]  # runs a spare on its control socket; never returns
 
 
-def become_subreaper() -> bool:
-    from cni.host import nsfd
-
-    return nsfd.libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-
-
 def zygote_main(ctl: socket.socket, spare_main: SpareMain) -> None:
     """The maker's loop: a spare per byte asked; exits on EOF (the parent stopped or died)."""
-    from cni.fast.child import set_name
-
     set_name(NAME)
     if os.geteuid() == 0:  # its spares must be allowed back to SCHED_OTHER (CAP_SYS_NICE)
         try:
