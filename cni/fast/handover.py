@@ -29,15 +29,12 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from cni.fast import protocol as proto
 from cni.fast import status
 from cni.fast.fds import close_all, send_quietly
 from cni.fast.listener import HANDOVER_ENV
-
-if TYPE_CHECKING:
-    from cni.fast.server import Server
 
 log = logging.getLogger("pycni.daemon")
 
@@ -59,10 +56,21 @@ class Successor:
     said: bytes = b""
 
 
+class Daemon(Protocol):
+    """What a handover reads and sets of the daemon's parent (server.Server)."""
+
+    listener: socket.socket  # passed to the successor
+    sel: selectors.BaseSelector  # its loop: the successor's READY=1 is heard there
+    stopping: bool
+    owned_path: str | None  # the socket file to remove at exit: the successor's once it serves
+
+    def stop(self, why: str) -> None: ...
+
+
 class Handover:
     """The daemon's side, one successor at a time (Server.handover)."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Daemon) -> None:
         self.server = server
         self.successor: Successor | None = None
         # A child forked meanwhile (a spare, a request's) must not hold these: the asker waits
