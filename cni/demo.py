@@ -15,9 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-CONF_DIR = ROOT / "conf"
-BIN = ROOT / "bin"
+from cni import install as inst
+
 LOOPBACK_ONLY = {"cniVersion": "1.1.0", "name": "lo", "plugins": [{"type": "loopback"}]}
 
 
@@ -33,8 +32,11 @@ def main() -> int:
             _run("ip", "netns", "add", ns)
             _run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
         nets = _write_conflists(work, tag)
+        # The plugins as `pycni install` writes them, into the demo's own bin dir: the same
+        # from a checkout or from an installed wheel.
+        inst.install(work / "bin", None, None, compile_bytecode=False)
         env = _runner_env(work)
-        _title(f"networks: {', '.join(nets)} (conflists from {_shown(work / 'net.d')})")
+        _title(f"networks: {', '.join(nets)} (conflists from {work / 'net.d'})")
         for net in nets:
             for pod in pods:
                 _title(f"pycni add {net} {pod}")
@@ -71,12 +73,12 @@ def main() -> int:
 
 
 def _write_conflists(work: Path, tag: str) -> list[str]:
-    """conf/*.conflist, made private to the demo: its own bridge name and store."""
+    """The first shipped conflist, made private to the demo: its own bridge name and store."""
     out = work / "net.d"
     out.mkdir()
     names = []
-    sources = sorted(CONF_DIR.glob("*.conflist")) if _have("bridge") else []
-    for path in sources[:1]:
+    sources = [n for n in inst.shipped_conflists() if n.endswith(".conflist")]
+    for path in [inst.CONF_SRC / n for n in sources[:1] if _have("bridge")]:
         conf = json.loads(path.read_text())
         for plugin in conf["plugins"]:
             if plugin.get("type") == "bridge":
@@ -92,14 +94,14 @@ def _write_conflists(work: Path, tag: str) -> list[str]:
 
 
 def _have(plugin: str) -> bool:
-    return (ROOT / "cni" / "plugins" / f"{plugin}.py").exists()
+    return (inst.PACKAGE / "plugins" / f"{plugin}.py").exists()
 
 
 def _runner_env(work: Path) -> dict[str, str]:
     return {
         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
         "NETCONFPATH": str(work / "net.d"),
-        "CNI_PATH": str(BIN),
+        "CNI_PATH": str(work / "bin"),
         "PYCNI_CACHE_DIR": str(work / "cache"),
     }
 
@@ -178,9 +180,6 @@ def _run(*cmd: str, env: dict[str, str] | None = None) -> str:
 def _title(text: str) -> None:
     print(f"\n== {text}")
 
-
-def _shown(path: Path) -> str:
-    return str(path).replace(str(ROOT) + "/", "")
 
 
 if __name__ == "__main__":

@@ -2,10 +2,13 @@
 exactly what was put there.
 
 Install writes one multi-call executable (`pycni-plugin`) into the bin dir, a relative symlink to
-it for each plugin name, and a conflist from conf/ into the conf dir. The executable is the repo's
-bin/cni-plugin rewritten for its new home: its first line runs the venv interpreter directly
-(`#!<venv python> -IS`: no sh trampoline, no /usr/bin/env) and its root line is absolute; the
-marker line stays so bridge still recognises our host-local and runs it in-process.
+it for each plugin name, and a conflist from conf/ into the conf dir. Both come from the package's
+data (cni/data: links to the checkout's bin/cni-plugin and conf/, copied into the wheel), so any
+installed copy can install: a wheel in a venv, pipx, a checkout. The executable is rewritten for
+its new home: its first line runs the venv interpreter directly (`#!<venv python> -IS`: no sh
+trampoline, no /usr/bin/env), its root line names the dir the `cni` package is in (the checkout,
+or site-packages), and its path lines name where the dependencies are; the marker line stays so
+bridge still recognises our host-local and runs it in-process.
 
 Everything written (and every file it replaced with --force, kept as a backup) is recorded in a
 manifest in the bin dir, so uninstall removes exactly that, restores what was replaced, and leaves
@@ -26,19 +29,24 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
 from cni import registry
 
-ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "bin" / "cni-plugin"
-CONF_SRC = ROOT / "conf"
+ROOT = Path(__file__).resolve().parent.parent  # the dir `cni` is in: a checkout or site-packages
+PACKAGE = ROOT / "cni"
+DATA = resources.files("cni") / "data"
+SOURCE = DATA / "cni-plugin"
+CONF_SRC = DATA / "conf"
 MULTICALL = "pycni-plugin"
 MANIFEST = ".pycni-install.json"
 BACKUPS = ".pycni-backup"
 MARKER = "pycni-multicall"
 ROOT_TAG = "# pycni:root"
+PATH_TAG = "# pycni:path"
 DEFAULT_BIN = Path("/opt/cni/bin")
 DEFAULT_CONF = Path("/etc/cni/net.d")
 DEFAULT_CONFLIST = "10-pycni.conflist"
@@ -118,47 +126,85 @@ class Planned:
 
 
 def venv_python() -> Path:
-    """The interpreter the executables run: the repo's venv (it has the dependencies)."""
+    """The interpreter the executables run: a checkout's venv (it has the dependencies), else
+    the one running this (a wheel's venv, pipx's). Not resolved: a venv's python is a link."""
     venv = ROOT / ".venv" / "bin" / "python"
     return venv if venv.exists() else Path(sys.executable)
 
 
-def render_multicall(python: Path, root: Path, source: str | None = None) -> bytes:
-    """bin/cni-plugin rewritten for an installed copy: direct shebang, absolute root."""
+def site_dirs(python: Path) -> list[str]:
+    """Where `python` finds its installed packages (purelib, platlib): the executables run it
+    with -S, so they put these on sys.path themselves."""
+    code = "import sysconfig as s; print(s.get_path('purelib')); print(s.get_path('platlib'))"
+    try:
+        proc = subprocess.run([str(python), "-I", "-c", code], capture_output=True, text=True,
+                              timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise InstallError(f"cannot run {python}: {e}") from None
+    if proc.returncode != 0:
+        raise InstallError(f"{python} failed to name its site dirs: {proc.stderr.strip()}")
+    out: list[str] = []
+    for d in proc.stdout.split():
+        if not any(os.path.realpath(d) == os.path.realpath(seen) for seen in out):
+            out.append(d)
+    return out
+
+
+def render_multicall(python: Path, root: Path, source: str | None = None,
+                     sites: list[str] | None = None) -> bytes:
+    """bin/cni-plugin rewritten for an installed copy: direct shebang, absolute root, and the
+    dependencies' dirs (sites, default site_dirs(python)) after the stdlib. A checkout's root
+    comes first, as in bin/; a root that is itself a site dir (a wheel) goes last with the rest,
+    so nothing installed there can shadow the stdlib modules the shim imports."""
     text = SOURCE.read_text() if source is None else source
     shebang = f"#!{python} -IS"
     if len(shebang) > SHEBANG_MAX or " " in str(python):
         raise InstallError(f"interpreter path {python} cannot go in a #! line "
                            f"(too long or has spaces): move the project to a shorter path")
-    lines = text.splitlines()
+    sites = site_dirs(python) if sites is None else sites
+    in_site = any(os.path.realpath(d) == os.path.realpath(root) for d in sites)
+    paths = ([] if in_site else ["sys.path.insert(0, _root)"]) + [
+        f"sys.path.append({d!r})" for d in sites]
     out = [shebang]
-    saw_root = False
-    for line in lines[1:]:
+    saw_root = saw_path = False
+    for line in text.splitlines()[1:]:
         if line.startswith("''''"):  # the sh trampoline line: the shebang now does its job
             continue
         if ROOT_TAG in line and line.lstrip().startswith("_root"):
             line = f"_root = {str(root)!r}  {ROOT_TAG}"
             saw_root = True
+        elif line.endswith(PATH_TAG):
+            if not saw_path:
+                out += [f"{p}  {PATH_TAG}" for p in paths]
+            saw_path = True
+            continue
         out.append(line)
     body = "\n".join(out) + "\n"
-    if MARKER not in body[:1024] or not saw_root:
-        raise InstallError(f"{SOURCE} lacks the {MARKER!r} marker or the {ROOT_TAG!r} line")
+    if MARKER not in body[:1024] or not saw_root or not saw_path:
+        raise InstallError(f"{SOURCE} lacks the {MARKER!r} marker or the {ROOT_TAG!r} or "
+                           f"{PATH_TAG!r} lines")
     return body.encode()
 
 
-def conflist_source(name: str) -> Path:
-    """A conflist from conf/ by file name, or any path to one."""
+def conflist_source(name: str) -> Path | Traversable:
+    """A conflist shipped in the package (conf/) by file name, or any path to one."""
     direct = Path(name)
     if direct.is_file():
         return direct
-    candidate = CONF_SRC / name
-    if candidate.is_file():
-        return candidate
-    available = ", ".join(sorted(p.name for p in CONF_SRC.glob("*.conf*"))) or "none"
+    if "/" not in name:
+        candidate = CONF_SRC / name
+        if candidate.is_file():
+            return candidate
+    available = ", ".join(shipped_conflists()) or "none"
     raise InstallError(f"no conflist {name!r} in {CONF_SRC} (available: {available})")
 
 
-def render_conflist(src: Path, cni_version: str | None) -> bytes:
+def shipped_conflists() -> list[str]:
+    """The names of the conflists the package ships."""
+    return sorted(p.name for p in CONF_SRC.iterdir() if p.name.endswith((".conf", ".conflist")))
+
+
+def render_conflist(src: Path | Traversable, cni_version: str | None) -> bytes:
     """The conflist as it will be written; with cni_version its cniVersion is rewritten (runtimes
     built on an older libcni, like containerd 1.6 and podman 4, refuse versions they don't know)."""
     raw = src.read_bytes()
@@ -185,7 +231,8 @@ def systemd_dir(requested: Path | None, enabled: bool = True) -> Path | None:
 
 
 def render_unit(name: str, python: Path) -> bytes:
-    """conf/<name> for this install: the daemon is this venv's `pycni daemon`."""
+    """conf/<name> for this install: the daemon is this venv's `pycni daemon`; the docs are the
+    README the package carries."""
     text = (CONF_SRC / name).read_text()
     pycni = python.parent / "pycni"
     daemon = f"{pycni} daemon" if pycni.exists() else f"{python} -m cni.cli daemon"
@@ -194,7 +241,7 @@ def render_unit(name: str, python: Path) -> bytes:
         if line.startswith("ExecStart="):
             line = f"ExecStart={daemon}"
         elif line.startswith("Documentation=file://"):
-            line = f"Documentation=file://{ROOT / 'README.md'}"
+            line = f"Documentation=file://{Path(str(DATA / 'README.md')).resolve()}"
         out.append(line)
     return ("\n".join(out) + "\n").encode()
 
@@ -260,7 +307,7 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
     manifest.save()
     if compile_bytecode:
         compile_package(python)
-        done.append(f"compiled bytecode of {ROOT / 'cni'}")
+        done.append(f"compiled bytecode of {PACKAGE}")
     if units_dir is not None:
         manifest.systemd = True
         manifest.save()
@@ -309,7 +356,7 @@ def uninstall(bin_dir: Path = DEFAULT_BIN) -> list[str]:
 
 def compile_package(python: Path) -> None:
     """Bytecode for the cni package, so the first exec of a plugin need not compile anything."""
-    proc = subprocess.run([str(python), "-m", "compileall", "-q", str(ROOT / "cni")],
+    proc = subprocess.run([str(python), "-m", "compileall", "-q", str(PACKAGE)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise InstallError(f"compileall failed: {proc.stdout}{proc.stderr}")

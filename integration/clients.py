@@ -365,17 +365,18 @@ def cgroup_parent() -> Iterator[str]:
 
 
 class PycniDaemon:
-    """`pycni daemon` on the node, on a socket of its own (-v: it logs each request served)."""
+    """`pycni daemon` on the node, on a socket of its own (-v: it logs each request served):
+    the checkout's, or the `pycni` executable given (an installed wheel's)."""
 
-    def __init__(self, node: Node, work: Path) -> None:
+    def __init__(self, node: Node, work: Path, pycni: Path | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="pycni-d-", dir="/tmp"))  # short socket path
         self.socket = self.dir / "run" / "pycni.sock"
         self.log = work / "daemon.log"
         work.mkdir(parents=True, exist_ok=True)
+        argv = [str(pycni), "daemon"] if pycni else [str(VENV_PY), "-m", "cni.fast.daemon"]
         with open(self.log, "wb") as log:
-            self.proc = node.popen(str(VENV_PY), "-m", "cni.fast.daemon", "--socket",
-                                   str(self.socket), "-v", stdout=log,
-                                   stderr=subprocess.STDOUT, cwd=ROOT)
+            self.proc = node.popen(*argv, "--socket", str(self.socket), "-v", stdout=log,
+                                   stderr=subprocess.STDOUT, cwd=work if pycni else ROOT)
         wait_for("the pycni daemon to listen", self._up, timeout=120, interval=0.1)
 
     def _up(self) -> bool:

@@ -67,6 +67,44 @@ def test_install_writes_direct_shebang_executables(dirs) -> None:
     assert list((ROOT / "cni" / "__pycache__").glob("skel.*.pyc"))
 
 
+def test_package_data_is_the_checkout_files() -> None:
+    """One source: the package's data (what a wheel carries) is bin/cni-plugin and conf/."""
+    assert Path(str(inst.SOURCE)).resolve() == ROOT / "bin" / "cni-plugin"
+    assert inst.SOURCE.read_bytes() == (ROOT / "bin" / "cni-plugin").read_bytes()
+    shipped = sorted(p.name for p in (ROOT / "conf").iterdir())
+    assert sorted(p.name for p in inst.CONF_SRC.iterdir()) == shipped
+    for name in shipped:
+        assert (inst.CONF_SRC / name).read_bytes() == (ROOT / "conf" / name).read_bytes()
+    assert inst.shipped_conflists() == ["10-pycni.conflist", "20-pycni-dualstack.conflist"]
+
+
+def test_multicall_rendered_for_a_wheel_keeps_the_stdlib_first(tmp_path: Path) -> None:
+    """Installed from a wheel, the package's dir is site-packages: it goes after the stdlib."""
+    site = str(tmp_path / "lib" / "python3.12" / "site-packages")
+    text = inst.render_multicall(Path("/v/bin/python"), Path(site), sites=[site]).decode()
+    assert text.splitlines()[0] == "#!/v/bin/python -IS"
+    assert f"_root = {site!r}  # pycni:root" in text
+    paths = [line for line in text.splitlines() if line.startswith("sys.path")]
+    assert paths == [f"sys.path.append({site!r})  # pycni:path"]
+    assert ".venv" not in text and "_site" not in text
+    # A checkout: its root first, the venv's site-packages last.
+    checkout = inst.render_multicall(Path("/c/.venv/bin/python"), Path("/c"),
+                                     sites=["/c/.venv/lib/python3.12/site-packages"]).decode()
+    assert [line for line in checkout.splitlines() if line.startswith("sys.path")] == [
+        "sys.path.insert(0, _root)  # pycni:path",
+        "sys.path.append('/c/.venv/lib/python3.12/site-packages')  # pycni:path"]
+
+
+def test_version_option_prints_the_package_version() -> None:
+    from importlib.metadata import version
+
+    import cni
+
+    code, out = cli("--version")
+    assert code == 0 and out == f"pycni {version('pycni')}\n"
+    assert version("pycni") == cni.__version__
+
+
 def test_installed_plugin_answers_version_by_its_own_name(dirs) -> None:
     bin_dir, conf_dir, src = dirs
     inst.install(bin_dir, conf_dir, str(src), compile_bytecode=False)

@@ -50,6 +50,8 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="pycni", prog_name="pycni",
+                      message="%(prog)s %(version)s")  # the installed distribution's version
 def main() -> None:
     """CNI plugins in Python, and a cnitool-compatible runner."""
 

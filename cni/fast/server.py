@@ -16,6 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from cni import __version__  # bound at start: the version this daemon runs
 from cni.fast import protocol as proto
 from cni.fast.child import (
     DONE,
@@ -302,9 +303,8 @@ class Server:
                                 peer=p.peer))
 
     def status(self) -> dict:
-        """The figures a status query answers (status.query)."""
-        from cni import __version__
-
+        """The figures a status query answers (status.query). The version is the one this
+        daemon imported when it started: a newer pycni installed since does not change it."""
         spares = self.spares.values()
         return {"version": __version__, "pid": os.getpid(), "started": self.counts.started,
                 "answered": self.counts.answered, "forked": self.counts.forked,
