@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench reliability install clean vm-test vm-clean \
+.PHONY: setup demo test test-py lint bench reliability install clean vm-test vm-clean \
 	vagrant-box vagrant-test
 
 setup:
@@ -13,6 +13,11 @@ demo: setup
 
 test: setup
 	./scripts/test.sh $(PYTEST_ARGS)
+
+# The unit tests and the wheel test under another interpreter, in build/py<X.Y> (CI: 3.12, 3.13):
+# make test-py PYTHON=/root/.pyenv/versions/3.13.0/bin/python3.13
+test-py:
+	./scripts/test-py.sh "$(PYTHON)" $(PYTEST_ARGS)
 
 lint: setup
 	.venv/bin/ruff check cni tests integration bench
@@ -47,4 +52,4 @@ install: setup
 	$(PY) -m cni.cli install
 
 clean:
-	rm -rf .venv build *.egg-info
+	rm -rf .venv build dist *.egg-info

@@ -33,6 +33,7 @@ OK, INFO, WARN, FAIL = "ok", "info", "warn", "FAIL"
 PROBE_TIMEOUT = 30.0
 STORE_DIR = Path("/var/lib/cni/networks")
 CACHE_DIR = Path("/var/lib/cni")
+REINSTALL = "pip install pycni's wheel into its venv again (from a checkout: make setup)"
 
 
 @dataclass
@@ -170,8 +171,8 @@ def kernel_findings() -> list[Finding]:
                         f"{result}", "run on a host (or privileged container) with netns support")]
     required = {name: req for name, req, _, _ in PROBES}
     fixes = {name: fix for name, _, _, fix in PROBES}
-    fixes["nftables nat, fib, masquerade"] = ("apt-get install libnftables1 (and `make setup`); "
-                                              "modprobe nf_tables nft_nat nft_fib_inet nft_masq")
+    fixes["nftables nat, fib, masquerade"] = ("apt-get install libnftables1; modprobe nf_tables "
+                                              "nft_nat nft_fib_inet nft_masq")
     out = []
     for name, err in result.items():
         if not err:
@@ -302,9 +303,8 @@ def daemon_status_findings(path: str) -> list[Finding]:
 
 def python_findings() -> list[Finding]:
     out = []
-    for mod, fix in (("pyroute2", "make setup"), ("pydantic", "make setup"),
-                     ("netaddr", "make setup"),
-                     ("nftables", "apt-get install libnftables1, then make setup")):
+    for mod, fix in (("pyroute2", REINSTALL), ("pydantic", REINSTALL), ("netaddr", REINSTALL),
+                     ("nftables", f"apt-get install libnftables1, then {REINSTALL}")):
         try:
             __import__(mod)
             out.append(Finding(OK, f"python module {mod}"))
@@ -327,7 +327,7 @@ def install_findings(bin_dir: Path, conf_dir: Path) -> list[Finding]:
         elif not Path(manifest.python).exists():
             out.append(Finding(FAIL, f"install in {bin_dir}",
                                f"interpreter {manifest.python} is gone",
-                               "make setup, then pycni install again"))
+                               f"{REINSTALL}, then pycni install again"))
         else:
             out.append(Finding(OK, f"install in {bin_dir}", f"runs {manifest.python}"))
     out += _conflist_findings(bin_dir, conf_dir)

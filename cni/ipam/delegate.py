@@ -21,6 +21,8 @@ from cni.spec.errors import CNIError, Code
 from cni.spec.result import Result
 
 MARKER = b"pycni-multicall"
+# A checkout's bin/cni-plugin, known by its path without a read; installed copies (and this path
+# under site-packages, where no such file is) are known by their marker.
 _MULTICALL = (Path(__file__).resolve().parent.parent.parent / "bin" / "cni-plugin").resolve()
 
 
