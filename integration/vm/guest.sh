@@ -56,13 +56,14 @@ setup)
   "$ROOT/integration/cnitool/build.sh" "$CNITOOL"
   ;;
 install)
-  # As the README tells a user: the wheel (built on the host from this tree, with the
-  # dependencies' wheels: the guest has no package index) into a venv, then `pycni install`.
+  # As the README tells a user on a node without a package index: the wheel (built on the host
+  # from this tree) in a wheelhouse with its dependencies, into a venv, then `pycni install`.
+  # (The README's venv is /opt/pycni: here that is the checkout.)
   wheels=("$WHEELHOUSE"/pycni-*.whl)
   [ "${#wheels[@]}" = 1 ] && [ -f "${wheels[0]}" ] || die "not one pycni wheel in $WHEELHOUSE: ${wheels[*]}"
   rm -rf "$PYCNI_VENV"
   python3 -m venv "$PYCNI_VENV"
-  "$PYCNI_VENV/bin/pip" install -q --no-index --find-links "$WHEELHOUSE" "${wheels[0]}"
+  "$PYCNI_VENV/bin/pip" install -q --no-index --find-links "$WHEELHOUSE" pycni
   # That pycni, not the checkout's: its package in the venv's site-packages, from / (no checkout
   # on sys.path), the version the wheel names.
   site=$("$PYCNI_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
