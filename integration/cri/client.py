@@ -13,7 +13,7 @@ No pytest here: scripts (the VM scenario) use it as is. CLI:
     python -m integration.cri.client --socket SOCK run NAME --port 8080:80 \
         --annotation kubernetes.io/ingress-bandwidth=1M --image IMG -- CMD...   # prints JSON
     python -m integration.cri.client --socket SOCK ip POD_ID
-    python -m integration.cri.client --socket SOCK rm POD_ID
+    python -m integration.cri.client --socket SOCK rm POD_ID [--container ID]...
 (`run` also takes --log-dir, --cgroup-parent and --wait-image REF, for an image just imported;
 the module needs grpcio and grpcio-tools.)
 """
@@ -226,6 +226,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ip.add_argument("pod")
     rm = sub.add_parser("rm", help="StopPodSandbox + RemovePodSandbox")
     rm.add_argument("pod")
+    rm.add_argument("--container", action="append", default=[], metavar="ID",
+                    help="first stop and remove this container of the pod, as kubelet does "
+                    "(CRI-O's StopPodSandbox gives a container that ignores SIGTERM minutes)")
     argv = list(sys.argv[1:] if argv is None else argv)
     # argparse mishandles `--` after a subcommand's options: split the container command off
     command = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -254,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             addr, more = client.pod_ip(args.pod)
             out = {"ip": addr, "additional_ips": more}
         else:
-            client.stop_remove(args.pod)
+            client.stop_remove(args.pod, args.container)
             out = {"removed": args.pod}
     print(json.dumps(out))
     return 0

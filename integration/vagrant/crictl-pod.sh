@@ -66,7 +66,14 @@ ours_up() {  # sets pod
   pod=$(json_key "$work/run.json" pod)
 }
 ours_ip() { cri ip "$pod" > "$work/ip.json" && json_key "$work/ip.json" ip; }
-ours_down() { cri rm "$pod" >/dev/null; }  # StopPodSandbox (its containers too), RemovePodSandbox
+ours_down() {  # kubelet's order: the container stopped and removed, then Stop/RemovePodSandbox
+  local args=() id
+  for id in $(python3 -c 'import json, sys; print(*json.load(open(sys.argv[1]))["containers"])' \
+    "$work/run.json"); do
+    args+=(--container "$id")
+  done
+  cri rm "$pod" "${args[@]}" >/dev/null
+}
 
 client=ours
 type -P crictl >/dev/null && client=crictl  # (a PATH lookup: crictl is also the function above)

@@ -13,7 +13,11 @@ HOSTPORT=${PYCNI_HOSTPORT:-8080}
 TEST_IMAGE=${PYCNI_TEST_IMAGE:-docker.io/library/busybox:1.36}
 CNITOOL=${CNITOOL:-cnitool}  # `pycni` takes cnitool's arguments and environment too
 
-pycni() { "$ROOT/.venv/bin/pycni" "$@"; }
+# The pycni the node runs: PYCNI_VENV names the venv it was installed into from its wheel (the
+# VM's node: /opt/pycni-venv); the checkout's .venv by default. (The checkout's .venv also runs
+# the test clients below: it has the dev tools.)
+PYCNI_VENV=${PYCNI_VENV:-$ROOT/.venv}
+pycni() { "$PYCNI_VENV/bin/pycni" "$@"; }
 
 log() { printf '\n==> %s\n' "$*"; }
 die() { printf 'FAIL: %s\n' "$*" >&2; exit 1; }
@@ -88,10 +92,10 @@ json_key() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sy
 # (it exits on SIGTERM, as the real pause does).
 OFFLINE_PAUSE=localhost/pycni-pause:test
 OFFLINE_BUSYBOX=localhost/pycni-busybox:test
-# offline_image REF [CMD...]: built and imported into containerd's CRI namespace (k8s.io);
-# without CMD, the sandbox image's.
+# offline_image REF [CMD...]: built and imported into containerd's CRI namespace (k8s.io), or
+# into CRI-O's image store when OFFLINE_STORE=crio; without CMD, the sandbox image's.
 offline_image() {
-  local ref=$1 work archive
+  local ref=$1 work archive id
   shift
   work=$(mktemp -d)
   archive=$(cd "$ROOT/integration" && "$ROOT/.venv/bin/python" -c 'import sys
@@ -100,8 +104,21 @@ import clients
 cmd = tuple(sys.argv[3:]) or clients.PAUSE_CMD
 print(clients.build_image(Path(sys.argv[1]), sys.argv[2], cmd=cmd))' \
     "$work" "$ref" "$@")
-  ctr -n k8s.io images import "$archive" >/dev/null
+  if [ "${OFFLINE_STORE:-containerd}" = crio ]; then
+    id=$(crio_buildah pull -q "oci-archive:$archive")
+    crio_buildah tag "$id" "$ref"
+  else
+    ctr -n k8s.io images import "$archive" >/dev/null
+  fi
   rm -rf "$work"
+}
+
+# CRI-O: its socket, and buildah on its image store (containers/storage's default root with
+# the overlay driver, as crio_offline_config sets it): an image put there is one CRI-O has.
+CRIO_SOCKET=/var/run/crio/crio.sock
+crio_buildah() {
+  BUILDAH_ISOLATION=chroot buildah --root /var/lib/containers/storage \
+    --runroot /run/containers/storage --storage-driver overlay "$@"
 }
 
 # containerd_offline: the node's containerd with containerd_config's CRI on pycni's dirs, its

@@ -6,8 +6,10 @@
 #
 # Offline, it takes what it cannot reach from what is there (each choice is printed):
 # - Debian packages: apt runs only for packages missing (the local box has them all);
-# - the Kubernetes repositories unreachable: no CRI-O and no crictl (run-all.sh skips CRI-O and
-#   drives containerd's CRI with our client, integration/cri);
+# - the Kubernetes repositories unreachable: no crictl (our CRI client, integration/cri, drives
+#   the runtimes), and CRI-O from the binaries in /opt/crio-bin (the project's
+#   shared/reference/bin, synced there by the Vagrantfile; crio-binaries.sh) when they are
+#   there, else no CRI-O (run-all.sh skips it);
 # - Go's module proxy unreachable: our cnitool (integration/cnitool, Debian's libcni);
 # - Python packages from the wheelhouse /opt/wheelhouse when there is one (the Vagrantfile syncs
 #   build/vm/wheelhouse there), else from the package index.
@@ -17,6 +19,7 @@ CNI_VERSION=${CNI_VERSION:-v1.1.2}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 export DEBIAN_FRONTEND=noninteractive
 say() { printf 'provision: %s\n' "$*"; }
+CRIO_BIN=${PYCNI_CRIO_BIN:-/opt/crio-bin}  # crio and pinns, for when the repository is unreachable
 
 # only what is missing, so that a node that has everything needs no mirror
 apt_install() { "$ROOT/scripts/apt-install.sh" "$@" | sed 's/^/provision: /'; }
@@ -47,9 +50,14 @@ elif reachable "$k8s_core/Release.key" && reachable "$k8s_crio/Release.key"; the
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends cri-tools cri-o >/dev/null
   say "CRI-O and crictl from the Kubernetes repositories ($K8S_MINOR)"
+elif [ -x "$CRIO_BIN/crio" ] && [ -x "$CRIO_BIN/pinns" ]; then
+  apt_install conmon libseccomp2 libsqlite3-0
+  crio_binaries=1  # installed below, once setup.sh made the venv that builds its pause image
+  say "the Kubernetes repositories are unreachable: CRI-O from $CRIO_BIN, no crictl (our" \
+    "client, integration/cri, drives the runtimes)"
 else
-  say "the Kubernetes repositories are unreachable: no CRI-O, no crictl (containerd's CRI" \
-    "is driven by our client, integration/cri)"
+  say "the Kubernetes repositories are unreachable: no CRI-O (nor its binaries in $CRIO_BIN)," \
+    "no crictl (containerd's CRI is driven by our client, integration/cri)"
 fi
 # Both runtimes are started by the scenario, one at a time, with pycni's config.
 systemctl disable --now crio containerd >/dev/null 2>&1 || true
@@ -80,3 +88,6 @@ if compgen -G "$wheelhouse/*.whl" >/dev/null; then
 fi
 # PYCNI_TEST_PACKAGES narrows setup.sh to what a node needs (the VM sets busybox-static).
 "$ROOT/scripts/setup.sh"
+if [ -n "${crio_binaries:-}" ]; then
+  bash "$ROOT/integration/vagrant/crio-binaries.sh" "$CRIO_BIN" | sed 's/^/provision: /'
+fi

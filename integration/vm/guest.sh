@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # One step of `make vm-test`, run as root inside the VM (integration/vm/vm.py calls it over ssh):
-#   guest.sh setup|install|cnitool|cri|vlan|pods-before-reboot|after-reboot|uninstall
-# The node is a real one: systemd as PID 1, pycni installed into /opt/cni/bin and /etc/cni/net.d
-# with its socket unit, cnitool built from Debian's libcni. Exits non-zero with a FAIL line.
+#   guest.sh setup|install|cnitool|cri|crio|vlan|pods-before-reboot|after-reboot|uninstall
+# The node is a real one: systemd as PID 1, pycni installed as the README tells a user (its wheel
+# into a venv of its own, /opt/pycni-venv, then `pycni install` into /opt/cni/bin and
+# /etc/cni/net.d with its socket unit), cnitool built from Debian's libcni, containerd and CRI-O
+# (1.33.5, shared/reference/bin's) as runtimes. The checkout (/opt/pycni) holds the test scripts
+# and the test tools' venv (.venv), never the pycni the node runs. Exits non-zero with a FAIL line.
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail  # (so no `grep -q` after a pipe: its early exit would fail the writer)
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+export PYCNI_VENV=/opt/pycni-venv  # lib.sh's pycni: the wheel's
+WHEELHOUSE=/opt/wheelhouse
 . "$ROOT/integration/vagrant/lib.sh"
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 CNITOOL=/usr/local/bin/cnitool
@@ -27,6 +32,22 @@ daemon_answered() {
   [ -n "$n" ] || die "pycni doctor: no answer from the daemon: $(grep daemon <<<"$out" | tr '\n' ' ')"
   echo "$n"
 }
+# The plugin calls a client makes for one pod, each a request to the daemon: ADD, CHECK and DEL
+# of every plugin in the installed chain (bridge's host-local runs inside bridge's request: the
+# installed host-local is our multicall). CRI-O too calls loopback when the conflist has it.
+chain_length() {
+  python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["plugins"]))' "$CONF_DIR/$CONFLIST"
+}
+# expect_answered BEFORE CALLS WHAT: the daemon answered exactly CALLS requests since BEFORE.
+# (It counts a request when its child is back, just after the reply: a bounded wait for the
+# last one, then exact.)
+answered_since() { [ $(($(daemon_answered) - $1)) -ge "$2" ]; }
+expect_answered() {
+  local now
+  (wait_until 10 "the daemon to count $2 requests" answered_since "$1" "$2") 2>/dev/null || true
+  now=$(daemon_answered)
+  [ $((now - $1)) = "$2" ] || die "$3: the daemon answered $((now - $1)) requests, not the $2 plugin calls made"
+}
 
 case ${1:?step} in
 setup)
@@ -35,8 +56,32 @@ setup)
   "$ROOT/integration/cnitool/build.sh" "$CNITOOL"
   ;;
 install)
+  # As the README tells a user on a node without a package index: the wheel (built on the host
+  # from this tree) in a wheelhouse with its dependencies, into a venv, then `pycni install`.
+  # (The README's venv is /opt/pycni: here that is the checkout.)
+  wheels=("$WHEELHOUSE"/pycni-*.whl)
+  [ "${#wheels[@]}" = 1 ] && [ -f "${wheels[0]}" ] || die "not one pycni wheel in $WHEELHOUSE: ${wheels[*]}"
+  rm -rf "$PYCNI_VENV"
+  python3 -m venv "$PYCNI_VENV"
+  "$PYCNI_VENV/bin/pip" install -q --no-index --find-links "$WHEELHOUSE" pycni
+  # That pycni, not the checkout's: its package in the venv's site-packages, from / (no checkout
+  # on sys.path), the version the wheel names.
+  site=$("$PYCNI_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  mod=$(cd / && "$PYCNI_VENV/bin/python" -c 'import cni; print(cni.__file__)')
+  [ "$mod" = "$site/cni/__init__.py" ] || die "the venv imports cni from $mod, not $site"
+  ! "$PYCNI_VENV/bin/pip" show pycni | grep -i '^editable' >/dev/null || die "an editable install"
+  version=$(basename "${wheels[0]}" | cut -d- -f2)
+  [ "$(pycni --version | awk '{print $NF}')" = "$version" ] \
+    || die "pycni --version says '$(pycni --version)', the wheel is $version"
   # Debian 12's libcni (1.1.2, our cnitool) and containerd 1.6 speak spec versions <= 1.0.0.
   bash "$ROOT/integration/vagrant/install-pycni.sh"
+  # The installed multicall runs the venv's interpreter on the wheel's package.
+  head -n1 "$BIN_DIR/pycni-plugin" | grep -xE "#!$PYCNI_VENV/bin/python[0-9.]* -IS" >/dev/null \
+    || die "$BIN_DIR/pycni-plugin runs $(head -n1 "$BIN_DIR/pycni-plugin")"
+  rootline=$(grep '# pycni:root' "$BIN_DIR/pycni-plugin") || die "no root line in pycni-plugin"
+  case $rootline in *"'$site'"*) ;; *) die "pycni-plugin's root is not $site: $rootline" ;; esac
+  ! grep -r "$ROOT/" "$BIN_DIR/pycni-plugin" /etc/systemd/system/pycni.service >/dev/null \
+    || die "the installed plugin or unit names the checkout $ROOT"
   [ "$(systemctl is-enabled pycni.socket)" = enabled ] || die "pycni.socket not enabled"
   [ "$(unit_state pycni.socket)" = active ] || die "pycni.socket not listening"
   [ -S /run/pycni/pycni.sock ] || die "no socket at /run/pycni/pycni.sock"
@@ -46,9 +91,10 @@ install)
   systemctl stop pycni.service  # so that the next step shows a plugin call starting it
   [ "$(unit_state pycni.socket)" = active ] || die "stopping the service closed the socket"
   [ "$(unit_state pycni.service)" = inactive ] || die "pycni.service did not stop"
-  grep -q "^ExecStart=$ROOT/.venv/bin/pycni daemon$" /etc/systemd/system/pycni.service \
-    || die "ExecStart is not this venv's pycni daemon"
-  echo "ok: installed; pycni.socket enabled and listening; doctor's probe started pycni.service"
+  grep -q "^ExecStart=$PYCNI_VENV/bin/pycni daemon$" /etc/systemd/system/pycni.service \
+    || die "ExecStart is not the wheel's venv's pycni daemon"
+  echo "ok: pycni $version installed from its wheel into $PYCNI_VENV; pycni.socket enabled and" \
+    "listening; doctor's probe started pycni.service"
   ;;
 cnitool)
   # The first plugin call starts the daemon through the socket (socket activation).
@@ -57,14 +103,44 @@ cnitool)
   wait_until 30 "pycni.service started by the socket" service_active
   pid=$(systemctl show -p MainPID --value pycni.service)
   tr '\0' ' ' < "/proc/$pid/cmdline" | grep "pycni daemon" >/dev/null || die "MainPID $pid is not the daemon"
-  answered=$(daemon_answered)
-  [ "$answered" -gt 0 ] || die "the daemon answered no request of cnitool's pods"
-  echo "ok: socket activation started pycni.service (MainPID $pid), which answered $answered requests"
+  # The daemon started with cnitool's first call: it answered every one (ADD, CHECK, DEL).
+  calls=$((3 * $(chain_length)))
+  expect_answered 0 "$calls" "cnitool's pod"
+  echo "ok: socket activation started pycni.service (MainPID $pid), which answered all" \
+    "$calls plugin calls of cnitool's pod"
   ;;
 cri)
   # containerd's CRI, driven by our CRI client as kubelet does, pycni and the reference as
   # oracle; in its own namespaces, so the node's installed pycni is not involved.
   cd "$ROOT" && scripts/test.sh -q integration/test_cri.py
+  ;;
+crio)
+  # CRI-O 1.33.5 (shared/reference/bin's crio and pinns, copied in by vm.py) on the installed
+  # pycni, as kubelet drives it (our CRI client: no crictl): a pod with a hostPort and the
+  # bandwidth annotations. Its plugins get no in-process fallback: the socket-activated daemon
+  # must serve each call.
+  bash "$ROOT/integration/vagrant/crio-binaries.sh" /opt/crio-bin
+  install -d /run/systemd/system/crio.service.d
+  printf '[Service]\nEnvironment=PYCNI_SHIM_FALLBACK=0\n' \
+    > /run/systemd/system/crio.service.d/pycni-no-fallback.conf
+  systemctl daemon-reload
+  [ "$(unit_state pycni.socket)" = active ] || die "pycni.socket not listening"
+  before=$(daemon_answered)
+  bash "$ROOT/integration/vagrant/crio.sh" || {
+    journalctl -u crio -u pycni.service -n 80 --no-pager || true
+    die "the CRI-O scenario (crio.sh) failed: CRI-O's and the daemon's journal above"
+  }
+  [ "$(systemctl show -p Environment --value crio.service)" = PYCNI_SHIM_FALLBACK=0 ] \
+    || die "crio.service ran without PYCNI_SHIM_FALLBACK=0"
+  rm /run/systemd/system/crio.service.d/pycni-no-fallback.conf
+  systemctl daemon-reload
+  # ADD, then CHECK right after it, then one DEL (StopPodSandbox), of each plugin of the chain:
+  # CRI-O brings lo up itself, and still calls the conflist's loopback.
+  calls=$((3 * $(chain_length)))
+  expect_answered "$before" "$calls" "CRI-O's pod"
+  echo "ok: CRI-O $(crio --version | sed -n 's/^crio version //p') (systemd cgroups) ran a" \
+    "pod on pycni: address, HTTP to the pod and its hostPort, tbf at 1Mbit, removal, nothing" \
+    "left; the daemon answered all $calls plugin calls (fallback off)"
   ;;
 vlan)
   # This kernel has bridge VLAN filtering: the VLAN tests must run, not skip.
@@ -156,7 +232,7 @@ after-reboot)
   # New pods work on the rebooted node, through the daemon.
   before=$(daemon_answered)
   CNITOOL=$CNITOOL bash "$ROOT/integration/vagrant/cnitool.sh"
-  [ "$(daemon_answered)" -gt "$before" ] || die "the new pods' requests did not reach the daemon"
+  expect_answered "$before" $((3 * $(chain_length))) "a new cnitool pod"
   echo "ok: first plugin call after boot started pycni.service by the socket (daemon ready" \
     "in ${ready_s}s; that libcni DEL of dead pod 1 took ${del_s}s); CRI StopPodSandbox +" \
     "RemovePodSandbox of the dead CRI pod ${cri_s}s; pycni gc released pods 2, 3 (${gc_s}s);" \

@@ -7,7 +7,9 @@ step prints `PASS|FAIL <step> (<seconds>s) <detail>`; the run ends with `N passe
 Host commands log to build/vm/host.log, the guest's to build/vm/run/guest.log.
 
 The guest reaches no PyPI (qemu's user network carries no HTTPS to it here): the project's
-wheels are downloaded on the host into build/vm/wheelhouse and installed with --no-index.
+dependencies' wheels are downloaded on the host into build/vm/wheelhouse, pycni's own wheel is
+built there from the tree at each run, and the guest installs them with --no-index. CRI-O has
+no Debian 12 package: the guest gets shared/reference/bin's crio and pinns (beside the checkout).
 /dev/kvm on these machines runs only specially built guest kernels, so TCG is used unless the
 CPU advertises vmx/svm.
 
@@ -55,6 +57,7 @@ PACKAGES = sorted([
     "containernetworking-plugins", "iperf3", "busybox-static", "procps", "psmisc",
     "iputils-ping", "ncat", "containerd", "runc", "buildah", "iptables", "curl",
     "util-linux", "python3", "python3-venv", "golang-go", "golang-github-appc-cni-dev",
+    "conmon", "libseccomp2", "libsqlite3-0",  # CRI-O (shared/reference/bin's crio, copied in)
     "rsync", "sudo",  # Vagrant's box (--box): its rsync synced folder, its `vagrant` user
 ])
 HOST_PACKAGES = ("mmdebstrap", "qemu-system-x86", "qemu-utils", "e2fsprogs", "openssh-client")
@@ -72,7 +75,12 @@ GUEST_FILES = {
 }
 HOOKS = ('chroot "$1" systemctl enable systemd-networkd ssh',
          'chroot "$1" useradd --create-home --shell /bin/bash --user-group vagrant')
-KERNEL_ARGS = "root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet"
+# cryptomgr.notests: no crypto self-tests at boot (under TCG on a busy host one ran for minutes,
+# the soft-lockup watchdog firing, before ssh could answer)
+KERNEL_ARGS = "root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet cryptomgr.notests"
+# CRI-O 1.33.5, built for Debian 12 (its README): copied into the guest's /opt/crio-bin.
+CRIO_BIN = ROOT.parent / "shared" / "reference" / "bin"
+CRIO_FILES = ("crio", "pinns")
 BOX_NAME = "pycni/bookworm64"
 BOX_DIR = ROOT / "build" / "vagrant"
 
@@ -198,6 +206,34 @@ def wheelhouse() -> Path:
         "pip", "setuptools>=77", "wheel", *project_requirements())
     stamp.write_text(key)
     return out
+
+
+def project_files() -> list[str]:
+    """The tree as it is (committed or not, no ignored files): what the guest and the wheel get."""
+    out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard", "-z"],
+                         capture_output=True, check=True).stdout
+    return [f for f in out.decode().split("\0") if f and (ROOT / f).exists()]
+
+
+def project_wheel(house: Path) -> str:
+    """pycni's wheel, built from project_files() in a scratch copy (so the tree gets no build
+    litter) with build requirements from the wheelhouse, into the wheelhouse; -> its name."""
+    for old in house.glob("pycni-*.whl"):
+        old.unlink()
+    src = WORK / "wheel-src"
+    shutil.rmtree(src, ignore_errors=True)
+    src.mkdir(parents=True)
+    tar = subprocess.run(["tar", "-C", str(ROOT), "-cf", "-", "--", *project_files()],
+                         capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-C", str(src), "-xf", "-"], input=tar, check=True)
+    py = ROOT / ".venv" / "bin" / "python"
+    logged(py if py.exists() else sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+           "--no-index", "--find-links", house, "-w", house, src)
+    shutil.rmtree(src)
+    wheels = [w.name for w in house.glob("pycni-*.whl")]
+    if len(wheels) != 1:
+        raise RuntimeError(f"pip wheel made {wheels or 'no wheel'} in {house}")
+    return wheels[0]
 
 
 def project_requirements() -> list[str]:
@@ -442,18 +478,27 @@ def tail(log: Path, lines: int = 6) -> str:
 
 
 def copy_project(vm: VM) -> Outcome:
-    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard",
-                            "-z"], capture_output=True, check=True).stdout
-    tar = subprocess.run(["tar", "-C", str(ROOT), "--null", "-T", "-", "-cf", "-"],
-                         input=files, capture_output=True, check=True).stdout
+    """The checkout (test scripts, tools' sources) to GUEST_DIR, the wheelhouse (with pycni's
+    wheel) to /opt/wheelhouse, CRI-O's binaries to /opt/crio-bin."""
+    missing = [f for f in CRIO_FILES if not (CRIO_BIN / f).is_file()]
+    if missing:
+        return False, f"no {', '.join(missing)} in {CRIO_BIN} (shared/ beside the checkout)"
+    tar = subprocess.run(["tar", "-C", str(ROOT), "-cf", "-", "--", *project_files()],
+                         capture_output=True, check=True).stdout
     rc = vm.ssh(f"rm -rf {GUEST_DIR} && mkdir -p {GUEST_DIR} && tar -C {GUEST_DIR} -xf -",
                 stdin=tar, timeout=300)
     if rc != 0:
         return False, f"exit {rc}"
     tar = subprocess.run(["tar", "-C", str(WORK), "-cf", "-", "wheelhouse"], capture_output=True,
                          check=True).stdout
-    rc = vm.ssh("mkdir -p /opt && tar -C /opt -xf -", stdin=tar, timeout=300)
-    return rc == 0, "" if rc == 0 else f"exit {rc} (wheelhouse)"
+    rc = vm.ssh("rm -rf /opt/wheelhouse && mkdir -p /opt && tar -C /opt -xf -", stdin=tar,
+                timeout=300)
+    if rc != 0:
+        return False, f"exit {rc} (wheelhouse)"
+    tar = subprocess.run(["tar", "-C", str(CRIO_BIN), "-cf", "-", *CRIO_FILES],
+                         capture_output=True, check=True).stdout
+    rc = vm.ssh("mkdir -p /opt/crio-bin && tar -C /opt/crio-bin -xf -", stdin=tar, timeout=300)
+    return rc == 0, "" if rc == 0 else f"exit {rc} (CRI-O's binaries)"
 
 
 def reboot(vm: VM) -> Outcome:
@@ -467,7 +512,7 @@ def reboot(vm: VM) -> Outcome:
     return False, f"no new boot: {tail(vm.serial)}"
 
 
-STEPS = ("setup", "install", "cnitool", "cri", "vlan", "pods-before-reboot", "reboot",
+STEPS = ("setup", "install", "cnitool", "cri", "crio", "vlan", "pods-before-reboot", "reboot",
          "after-reboot", "uninstall")
 
 
@@ -504,8 +549,8 @@ def main() -> int:
         host_packages()
         cached = (WORK / image_key() / "disk.raw").exists()
         image["base"] = build_image()
-        wheelhouse()
-        return True, f"{'cached' if cached else 'built'} {image['base'].relative_to(ROOT)}"
+        wheel = project_wheel(wheelhouse())
+        return True, f"{'cached' if cached else 'built'} {image['base'].relative_to(ROOT)}; {wheel}"
 
     if not r.step("image", prepare):
         say(f"0 passed, {len(r.failed)} failed")
