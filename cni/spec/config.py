@@ -102,7 +102,7 @@ def parse(model: type[M], data: Any, prefix: str = "") -> M:
 
 def parse_lenient(model: type[M], data: Any) -> tuple[M, list[str]]:
     """For DEL (and GC): the model from what validates, each top-level key whose value does not
-    dropped for its default; -> (model, the dropped keys). A config ADD refuses must still be
+    validate left at its default; -> (model, the dropped keys). A config ADD refuses must still be
     deletable (libcni stops a DEL chain at the first error): DEL finds its objects by container
     ID and ifname, so a bad value elsewhere must not stop it."""
     fields = keys.match(data if isinstance(data, dict) else {}, model.model_fields)
