@@ -75,11 +75,15 @@ install)
     || die "pycni --version says '$(pycni --version)', the wheel is $version"
   # Debian 12's libcni (1.1.2, our cnitool) and containerd 1.6 speak spec versions <= 1.0.0.
   bash "$ROOT/integration/vagrant/install-pycni.sh"
-  # The installed multicall runs the venv's interpreter on the wheel's package.
+  # The installed multicall runs the venv's interpreter on the wheel's package: the copy of it
+  # that install keeps in the bin dir (.pycni-lib/<version>-<digest>, which pip never touches).
   head -n1 "$BIN_DIR/pycni-plugin" | grep -xE "#!$PYCNI_VENV/bin/python[0-9.]* -IS" >/dev/null \
     || die "$BIN_DIR/pycni-plugin runs $(head -n1 "$BIN_DIR/pycni-plugin")"
   rootline=$(grep '# pycni:root' "$BIN_DIR/pycni-plugin") || die "no root line in pycni-plugin"
-  case $rootline in *"'$site'"*) ;; *) die "pycni-plugin's root is not $site: $rootline" ;; esac
+  lib=$(echo "$rootline" | sed -nE "s|^_root = '($BIN_DIR/\.pycni-lib/$version-[0-9a-f]+)'.*|\1|p")
+  [ -n "$lib" ] || die "pycni-plugin's root is not a $version copy in $BIN_DIR/.pycni-lib: $rootline"
+  diff -rq -x __pycache__ "$site/cni" "$lib/cni" >/dev/null \
+    || die "$lib/cni is not the wheel's package ($site/cni)"
   ! grep -r "$ROOT/" "$BIN_DIR/pycni-plugin" /etc/systemd/system/pycni.service >/dev/null \
     || die "the installed plugin or unit names the checkout $ROOT"
   [ "$(systemctl is-enabled pycni.socket)" = enabled ] || die "pycni.socket not enabled"
