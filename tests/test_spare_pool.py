@@ -201,10 +201,14 @@ def test_a_request_waits_for_a_spare_on_its_way_back_rather_than_grow(world) -> 
     received = clock.now
     assert not pool.waits(received, lambda: False)  # both still running theirs: it grows
     spares.answered.add(b)  # b has sent its reply, and is going home
+    pool.tend(running=2, queued=True)  # the server's next turn: going home is read once a turn
     assert pool.waits(received, lambda: False)
     assert spares.hurried == [b]  # it goes home at normal priority: a request waits for it
     assert not pool.waits(received, lambda: True)  # a nested call does not wait
-    assert spares.hurried == [b]
+    assert pool.waits(received, lambda: False)  # another request in this turn waits too...
+    pool.tend(running=2, queued=True)
+    assert pool.waits(received, lambda: False)  # ...and in the next
+    assert spares.hurried == [b]  # b was hurried once on its way home, not per request
     clock.now += 0.5
     assert not pool.waits(received, lambda: False)  # waited --spare-wait: it grows
     clock.now = received

@@ -54,6 +54,7 @@ class Spare:
     ready: bool = False  # warmed (it said so on ctl): a request handed to it runs at once
     serving: bool = False  # running a request (the server's Job under its pid)
     idle_since: float = 0.0  # when it last said it is ready
+    hurried: bool = False  # moved to normal priority on its way home from this request
 
 
 class SparePool:
@@ -77,6 +78,9 @@ class SparePool:
         self.retired = 0  # spares gone: exited (not back, MAX_SERVED), died, or dropped
         self.stopping = False
         self.metrics = None  # metrics.Metrics, counting spares retired
+        # the spares going home, read once a turn of the server's loop (None: not yet this
+        # turn): each is a /proc read, and a burst queues dozens of requests that each ask
+        self._going_home: list[Spare] | None = None
 
     def start(self) -> None:
         """Before the server serves: the namespace spares warm up in, and the zygote."""
@@ -92,7 +96,7 @@ class SparePool:
         for spare in sorted((s for s in self.spares.values() if s.ready),
                             key=lambda s: s.idle_since, reverse=True):
             if hand_over(spare.ctl, conn, data, fds):
-                spare.ready, spare.serving = False, True
+                spare.ready, spare.serving, spare.hurried = False, True, False
                 return spare.pid
             self.drop(spare)
         return None
@@ -131,13 +135,17 @@ class SparePool:
         if (not self.opts.spares or any(s.ready for s in spares)
                 or self.clock() - received >= self.opts.spare_wait):
             return False
-        going_home = [s.pid for s in spares if s.serving and self.answered(s.pid)]
+        if self._going_home is None:
+            self._going_home = [s for s in spares if s.serving and self.answered(s.pid)]
+        going_home = self._going_home
         if not (going_home or not self.may_grow() and any(s.serving for s in spares)):
             return False
         if nested():
             return False
-        for pid in going_home:
-            self.hurry(pid)
+        for spare in going_home:
+            if not spare.hurried:  # once: a syscall per waiting request and turn adds up
+                self.hurry(spare.pid)
+                spare.hurried = True
         return True
 
     def said_ready(self, pid: int) -> bool:
@@ -159,6 +167,7 @@ class SparePool:
     def tend(self, running: int, queued: bool) -> None:
         """A turn of the server's loop, `running` requests in children and `queued` waiting:
         refill to --spares, retire the extra spares idle for --spare-linger."""
+        self._going_home = None  # read again next turn
         self._refill(running, queued)
         self._shrink()
 
