@@ -394,10 +394,8 @@ def uninstall(bin_dir: Path = DEFAULT_BIN) -> list[str]:
 
 def compile_package(python: Path) -> None:
     """Bytecode for the cni package, so the first exec of a plugin need not compile anything."""
-    proc = subprocess.run([str(python), "-m", "compileall", "-q", str(PACKAGE)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise InstallError(f"compileall failed: {proc.stdout}{proc.stderr}")
+    if failed := plugin_lib.compile_tree(python, PACKAGE):
+        raise InstallError(failed)
 
 
 def _systemctl(*args: str, check: bool = True) -> None:

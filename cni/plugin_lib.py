@@ -41,6 +41,14 @@ def path_for(bin_dir: Path, package: Path, version: str) -> Path:
     return bin_dir / LIB / f"{version}-{digest.hexdigest()[:16]}"
 
 
+def compile_tree(python: Path, path: Path) -> str:
+    """Bytecode for every module under path, by `python` (the interpreter that will run it, so
+    the first exec compiles nothing); "" on success, else what went wrong."""
+    proc = subprocess.run([str(python), "-m", "compileall", "-q", str(path)],
+                          capture_output=True, text=True)
+    return "" if proc.returncode == 0 else f"compileall {path} failed: {proc.stdout}{proc.stderr}"
+
+
 def make(dest: Path, package: Path, python: Path) -> bool:
     """Copy `package` (as dest/cni) and compile it with `python`, then rename it into place;
     False if it is there already (a copy in place is complete: renamed last)."""
@@ -51,10 +59,8 @@ def make(dest: Path, package: Path, python: Path) -> bool:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         shutil.copytree(package, tmp / "cni", ignore=_SKIP)  # links followed: cni/data's
-        proc = subprocess.run([str(python), "-m", "compileall", "-q", str(tmp)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise LibError(f"compileall {tmp} failed: {proc.stdout}{proc.stderr}")
+        if failed := compile_tree(python, tmp):
+            raise LibError(failed)
         os.rename(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
