@@ -255,7 +255,7 @@ def main() -> int:
     import argparse
     import statistics
 
-    from run import enter_private_mounts
+    from world import enter_private_mounts
 
     parser = argparse.ArgumentParser(description="CRI-O pods, pycni vs the reference v1.9.1")
     parser.add_argument("--crio-pods", type=int, default=5)
