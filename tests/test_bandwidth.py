@@ -23,6 +23,7 @@ from bandwidth_util import (
 from cnitest import REFERENCE_BIN, probe_binary
 
 from cni.host import tc
+from cni.plugins import shaped
 from cni.plugins.bandwidth import CONTAINERD_NO_BURST, CRIO_NO_BURST, derived_burst, ifb_name
 
 pytestmark = pytest.mark.root
@@ -215,20 +216,48 @@ def test_each_runtimes_no_burst_sentinel_derives_the_burst(plugins, host, pod,
 
 
 @pytest.mark.parametrize("where", ["top", "runtime"])
-def test_a_burst_beyond_what_tbf_holds_is_clamped_not_refused(plugins, host, pod, where) -> None:
+def test_an_explicit_burst_beyond_what_tbf_holds_is_refused_naming_key_value_and_most(
+        plugins, host, pod, where) -> None:
+    """An explicit burst is applied exactly or not at all: one tbf cannot hold at its rate (1
+    kbit/s with a 1 Gbit bucket is 10^6 s of buffer, more ticks than tbf's u32 holds) is code 7
+    naming the key, the value and the largest it holds, and nothing is made. The largest itself
+    is taken, exactly; so is CRI-O's sentinel only where it means "no burst"."""
     w = wire(host, pod, 1)
-    # 1 kbit/s with a 1 Gbit bucket: a buffer of 10^6 s, more ticks than tbf's u32 holds
-    cfg = (conf(ingressRate=1000, ingressBurst=10**9, egressRate=MBIT, egressBurst=CRIO_NO_BURST)
-           if where == "top" else
-           conf(**runtime_bw((1000, 10**9), (MBIT, 8 * (2**32 - 2)))))
+    most = tc.max_burst_bits(1000)
+    prefix = "" if where == "top" else "runtimeConfig.bandwidth."
+
+    def limited(ingress, egress):
+        return (conf(ingressRate=ingress[0], ingressBurst=ingress[1], egressRate=egress[0],
+                     egressBurst=egress[1])
+                if where == "top" else conf(**runtime_bw(ingress, egress)))
+
+    for cfg, key, value, rate in (
+            (limited((1000, 10**9), (MBIT, 80_000)), "ingressBurst", 10**9, 1000),
+            (limited((1000, most + 8), (MBIT, 80_000)), "ingressBurst", most + 8, 1000),
+            (limited((MBIT, 80_000), (MBIT, 8 * (2**32 - 2))), "egressBurst", 8 * (2**32 - 2),
+             MBIT)):
+        code, out, _ = plugins.exec("bandwidth", "ADD", cfg | {"prevResult": w.prev_result()},
+                                    netns=pod.path)
+        assert code == 1 and out["code"] == 7, out
+        rate_key = prefix + key.replace("Burst", "Rate")
+        assert out["msg"] == (
+            f"invalid {prefix}{key} {value}: more than tbf can hold at {rate_key} {rate} "
+            f"bits/s: at most {tc.max_burst_bits(rate)} bits (its buffer of clock ticks and "
+            "its queue limit are 32-bit)"), out
+        assert_untouched(host, w)
+        assert not shaped.listed()
+    if where == "top":  # CRI-O's "no burst" value, written by the admin, is a burst like any
+        code, out, _ = plugins.exec("bandwidth", "ADD", conf(
+            egressRate=MBIT, egressBurst=CRIO_NO_BURST) | {"prevResult": w.prev_result()},
+            netns=pod.path)
+        assert code == 1 and out["code"] == 7 and f"egressBurst {CRIO_NO_BURST}" in out["msg"]
+        assert_untouched(host, w)
+    # The largest tbf holds is applied as given, and CHECK agrees.
+    cfg = limited((1000, most), (MBIT, 80_000))
     out = add(plugins, w, cfg)
     held = tbf_of(host, w.veth)
-    assert held == tc.tbf_for(1000, tc.max_burst_bits(1000))
-    assert held.buffer <= 2**32 - 1 and held.buffer > 2**32 - 10**6  # the largest tbf holds
-    with pytest.raises(ValueError, match="beyond what tbf can hold"):
-        tc.tbf_for(1000, tc.max_burst_bits(1000) + 8)
-    # an explicit burst, even CRI-O's sentinel value at the top level, is the admin's: clamped
-    assert tbf_of(host, ifb_name("bwnet", "ctr1")) == tc.tbf_for(MBIT, tc.max_burst_bits(MBIT))
+    assert held == tc.tbf_for(1000, most)
+    assert 2**32 - 10**6 < held.buffer <= 2**32 - 1
     plugins.ok("bandwidth", "CHECK", cfg | {"prevResult": out}, netns=pod.path)
 
 

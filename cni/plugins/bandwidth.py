@@ -22,9 +22,11 @@ then stall (reference issue #609) and the second is more than tbf can hold (the 
 it to a ~3 KB queue). Both sentinels in runtimeConfig.bandwidth, and annotations, give a burst of
 10 ms worth of the rate, at least 4 MTUs of the host veth.
 
-Any other burst is the config's, validated as the reference does (under 4 GB); one that tbf
-cannot hold at its rate (its u32 buffer of psched ticks, or its u32 limit) is clamped to the
-largest that it can, so no burst ever fails an ADD; CHECK computes the same clamp.
+Any other burst is the config's, validated as the reference does (under 4 GB), and applied
+exactly: one that tbf cannot hold at its rate (its u32 buffer of psched ticks, or its u32 limit;
+cni.host.tc.max_burst_bits) is refused, code 7 naming the key, the value and the largest burst
+tbf holds (the reference wraps it to a different number silently). A derived burst is clamped
+to that largest instead (only above ~1 Tbit/s), and the clamp logged.
 
 Each ifb carries the alias `pycni-bandwidth <network> <containerID>` (cni.host.ifb), and each
 ingress tbf a record naming its host veth (cni.plugins.shaped), so DEL removes both without
@@ -35,6 +37,7 @@ limits succeeds (reference #1221 crashed there).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Annotated, Any, NamedTuple
 
 from pydantic import ValidationError, field_validator, model_validator
@@ -192,8 +195,9 @@ def _annotated(annotations: dict[str, Any], name: str) -> Direction | None:
     return Direction(bits, None, key, key)
 
 
-def _tbf(direction: Direction, mtu: int):
-    """The tbf for a direction, its burst clamped to the largest tbf holds at its rate."""
+def _tbf(direction: Direction, mtu: int, log: Callable[[str], None]):
+    """The tbf for a direction. An explicit burst tbf cannot hold at its rate is refused; a
+    derived one (ours, from the rate) is clamped to the largest it holds."""
     from cni.host import tc
 
     ticks = tc.tick_in_usec()
@@ -201,7 +205,17 @@ def _tbf(direction: Direction, mtu: int):
     if most == 0:  # 25 ms of the rate alone overflows tbf's u32 limit (above ~1.37 Tbit/s)
         raise invalid_config(direction.rate_key, direction.rate,
                              "rate too high for tbf: its queue limit would pass 4 GB")
-    return tc.tbf_for(direction.rate, min(direction.burst_bits(mtu), most), ticks)
+    if direction.burst is not None and direction.burst // 8 > most // 8:
+        raise invalid_config(direction.burst_key, direction.burst,
+                             f"more than tbf can hold at {direction.rate_key} "
+                             f"{direction.rate} bits/s: at most {most} bits (its buffer of "
+                             f"clock ticks and its queue limit are 32-bit)")
+    burst = direction.burst_bits(mtu)
+    if burst // 8 > most // 8:
+        log(f"{direction.rate_key} {direction.rate}: derived burst {burst} bits clamped to "
+            f"{most}, the largest tbf holds at that rate")
+        burst = most
+    return tc.tbf_for(direction.rate, burst, ticks)
 
 
 # ---- the host veth ---------------------------------------------------------------------------
@@ -239,8 +253,8 @@ def add(req: Request) -> Result:
     prev = _require_prev(req)
     require_printable(prev, req.version)
     veth = _host_veth(req, prev)
-    ingress = _tbf(lim.ingress, veth.mtu) if lim.ingress else None
-    egress = _tbf(lim.egress, veth.mtu) if lim.egress else None
+    ingress = _tbf(lim.ingress, veth.mtu, req.log) if lim.ingress else None
+    egress = _tbf(lim.egress, veth.mtu, req.log) if lim.egress else None
     result = copy.deepcopy(prev)
     result["interfaces"] = list(result.get("interfaces") or [])
     _apply(req, veth, ingress, egress, result)
@@ -345,7 +359,8 @@ def check(req: Request) -> None:
     veth = _host_veth(req, _require_prev(req))
     with netns.iproute() as ipr:
         if lim.ingress is not None:
-            _compare(veth.name, tc.read_tbf(ipr, veth.index), _tbf(lim.ingress, veth.mtu))
+            _compare(veth.name, tc.read_tbf(ipr, veth.index),
+                     _tbf(lim.ingress, veth.mtu, req.log))
         if lim.egress is not None:
             name = ifb_name(req.network, req.container_id)
             index = ifb.lookup(ipr, name)
@@ -354,7 +369,7 @@ def check(req: Request) -> None:
             if index not in tc.redirect_targets(ipr, veth.index):
                 raise CNIError(Code.INTERNAL,
                                f"no ingress redirect from {veth.name} to ifb {name}")
-            _compare(name, tc.read_tbf(ipr, index), _tbf(lim.egress, veth.mtu))
+            _compare(name, tc.read_tbf(ipr, index), _tbf(lim.egress, veth.mtu, req.log))
 
 
 def _compare(dev: str, found, want) -> None:
