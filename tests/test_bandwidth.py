@@ -448,6 +448,87 @@ def test_gc_removes_the_tbf_of_a_stale_attachment_from_a_veth_that_stays(plugins
     assert kinds(host, wired["stale"].veth) == ["tbf"]
 
 
+def test_gc_judges_each_record_by_container_and_ifname(plugins, host, netns_factory) -> None:
+    """The valid list names attachments (containerID, ifname): a tbf recorded for ifname eth0
+    goes when only the same container's eth1 is valid; the container's ifb stays with it."""
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    w = wire(host, netns_factory("pycni-pod"), 1)
+    add(plugins, w, cfg, cid="multi")
+    gc = conf(**{"cni.dev/valid-attachments": [{"containerID": "multi", "ifname": "eth1"}]})
+    plugins.ok("bandwidth", "GC", gc)
+    assert kinds(host, w.veth) == ["ingress", "noqueue"]  # the tbf went, the redirect stayed
+    assert shaped.listed() == []
+    assert ifb_name("bwnet", "multi") in ifbs(host)
+
+
+def test_any_gc_forgets_the_records_whose_veth_is_gone_even_of_a_network_that_is_gone(
+        plugins, host, netns_factory) -> None:
+    """A record is only good for a DEL that removes the tbf from its veth: once that veth is
+    gone from the node, the GC of any network (with or without a valid list) forgets it, so
+    the records of a network whose GC never runs again do not pile up. Records whose veth is
+    there stay, whatever their network."""
+    cfg = conf(name="gonenet", **runtime_bw((10 * MBIT, 80_000), None))
+    gone, live = (wire(host, netns_factory("pycni-pod"), n) for n in (1, 2))
+    add(plugins, gone, cfg, cid="gone")
+    add(plugins, live, cfg, cid="live")
+    host.run("ip", "link", "del", gone.veth)  # the pod went without a DEL
+    assert {r.container_id for r in shaped.listed()} == {"gone", "live"}
+    plugins.ok("bandwidth", "GC", conf())  # another network, no valid list: nothing of its own
+    assert {r.container_id for r in shaped.listed()} == {"live"}
+    plugins.ok("bandwidth", "GC", conf(**{"cni.dev/valid-attachments": []}))
+    assert {r.container_id for r in shaped.listed()} == {"live"}
+    assert kinds(host, live.veth) == ["tbf"]
+
+
+def dead_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_temporary_record_is_never_read_and_goes_once_its_writer_is_dead(plugins, host,
+                                                                          netns_factory) -> None:
+    """An ADD killed between writing `<record>.tmp<pid>` and renaming it made no tbf: a tbf on
+    that veth is someone else's. GC must neither read the file as a record (it removed that
+    tbf) nor keep it forever; a live writer's file stays."""
+    import os
+    from pathlib import Path
+
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), None))
+    w, other = (wire(host, netns_factory("pycni-pod"), n) for n in (1, 2))
+    add(plugins, w, cfg, cid="killed")
+    add(plugins, other, cfg, cid="other")
+    records = Path(shaped.RECORD_DIR)
+    path, kept = (Path(shaped._path("bwnet", cid, "eth0")) for cid in ("killed", "other"))
+    assert path.exists() and kept.exists()
+    dead = path.with_name(f"{path.name}.tmp{dead_pid()}")
+    path.rename(dead)  # the state at the kill: the file not yet renamed, no tbf made
+    host.run("tc", "qdisc", "del", "dev", w.veth, "root")
+    foreign_tbf(host, w.veth)
+    live = kept.with_name(f"{kept.name}.tmp{os.getpid()}")
+    live.write_text(dead.read_text())
+    assert {r.container_id for r in shaped.listed()} == {"other"}
+    plugins.ok("bandwidth", "GC", conf(**{"cni.dev/valid-attachments": [
+        {"containerID": "other", "ifname": "eth0"}]}))
+    assert kinds(host, w.veth) == ["tbf"]  # not ours: left
+    assert not dead.exists() and live.exists()
+    assert {r.container_id for r in shaped.listed()} == {"other"}
+    live.unlink()
+    # A dead writer's file of a record is removed by that record's next write, and its DEL.
+    for verb in ("ADD", "DEL"):
+        dead = path.with_name(f"{path.name}.tmp{dead_pid()}")
+        dead.write_text("{}")
+        if verb == "ADD":
+            host.run("tc", "qdisc", "del", "dev", w.veth, "root")
+            add(plugins, w, cfg, cid="killed")
+        else:
+            plugins.ok("bandwidth", "DEL", cfg, container_id="killed", netns=w.pod.path)
+        assert not dead.exists(), verb
+    assert list(records.iterdir()) == [kept]
+
+
 def test_without_the_daemon_no_verb_loads_nftables_and_loopback_no_pydantic(host, pod) -> None:
     """Each exec imports what its verb needs: bandwidth's verbs load pydantic (its limits are a
     config model) and pyroute2, never libnftables; loopback's load neither pydantic nor

@@ -383,25 +383,34 @@ def _compare(dev: str, found, want) -> None:
 
 
 def gc(req: Request) -> int:
-    """Remove our ifbs (of this network) whose container is not among the valid attachments;
-    -> how many."""
+    """Remove our ifbs (of this network) whose container has no valid attachment, and the tbf
+    and record of each attachment of this network not in the valid list; and, whatever the
+    list, the records of any network whose host veth is gone, and dead writers' temporary
+    records (cni.plugins.shaped). -> how many qdiscs and links removed."""
     from cni.host import ifb
 
     valid = valid_attachments(req.config)
-    if valid is None:  # libcni's GC without args: stale and live look alike
-        req.log("GC without cni.dev/valid-attachments: no ifb removed")
-        return 0
-    keep = {cid for cid, _ in valid}
     removed = 0
     with netns.iproute() as ipr:
-        for dev in ifb.marked(ipr):
-            if dev.network == req.network and dev.container_id not in keep:
-                req.log(f"gc: removing {dev.name} of container {dev.container_id}")
-                removed += ifb.delete(ipr, dev.name)
+        if valid is None:  # libcni's GC without args: stale and live look alike
+            req.log("GC without cni.dev/valid-attachments: no ifb or tbf removed")
+        else:
+            keep = {cid for cid, _ in valid}
+            for dev in ifb.marked(ipr):
+                if dev.network == req.network and dev.container_id not in keep:
+                    req.log(f"gc: removing {dev.name} of container {dev.container_id}")
+                    removed += ifb.delete(ipr, dev.name)
         for record in shaped.listed():
-            if record.network == req.network and record.container_id not in keep:
+            if valid is not None and record.network == req.network and \
+                    (record.container_id, record.ifname) not in valid:
                 removed += _collect_tbf(ipr, req, record)
-                shaped.forget(record.network, record.container_id, record.ifname)
+            elif not record.here() or _recorded_veth(ipr, record) is not None:
+                continue  # another netns's record, or a veth that is still there: kept
+            else:
+                req.log(f"gc: forgetting the tbf record of {record.network} "
+                        f"{record.container_id} {record.ifname}: {record.veth} is gone")
+            shaped.forget(record.network, record.container_id, record.ifname)
+    shaped.sweep_temporary()
     return removed
 
 
