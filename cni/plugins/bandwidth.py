@@ -314,7 +314,7 @@ def delete(req: Request) -> None:
     veth = _host_veth_if_any(req)
     with netns.iproute() as ipr:
         index = ifb.lookup(ipr, name)
-        recorded = _recorded_veth(ipr, record)
+        recorded = recorded_veth(ipr, record)
         host = veth.index if veth is not None else recorded
         # Our ifb exists, so the ingress qdisc is ours if it redirects to it or is still bare.
         if host is not None and index is not None and tc.ingress_is_for(ipr, host, index):
@@ -326,7 +326,7 @@ def delete(req: Request) -> None:
     shaped.forget(req.network, req.container_id, req.ifname)
 
 
-def _recorded_veth(ipr, record: shaped.Shaped | None) -> int | None:
+def recorded_veth(ipr, record: shaped.Shaped | None) -> int | None:
     """The ifindex of the recorded host veth if that link is still there under its name."""
     from cni.host import links
 
@@ -404,7 +404,7 @@ def gc(req: Request) -> int:
             if valid is not None and record.network == req.network and \
                     (record.container_id, record.ifname) not in valid:
                 removed += _collect_tbf(ipr, req, record)
-            elif not record.here() or _recorded_veth(ipr, record) is not None:
+            elif not record.here() or recorded_veth(ipr, record) is not None:
                 continue  # another netns's record, or a veth that is still there: kept
             else:
                 req.log(f"gc: forgetting the tbf record of {record.network} "
@@ -418,7 +418,7 @@ def _collect_tbf(ipr, req: Request, record: shaped.Shaped) -> int:
     """GC of a stale record: its tbf, if the recorded host veth is still there; -> 0 or 1."""
     from cni.host import tc
 
-    index = _recorded_veth(ipr, record)
+    index = recorded_veth(ipr, record)
     if index is None or tc.root_kind(ipr, index) != "tbf":
         return 0
     req.log(f"gc: removing the tbf on {record.veth} of container {record.container_id}")
