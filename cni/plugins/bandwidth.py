@@ -410,7 +410,9 @@ def gc(req: Request) -> int:
                 req.log(f"gc: forgetting the tbf record of {record.network} "
                         f"{record.container_id} {record.ifname}: {record.veth} is gone")
             shaped.forget(record.network, record.container_id, record.ifname)
-    shaped.sweep_temporary()
+    swept = shaped.sweep_temporary()
+    if swept:
+        req.log(f"gc: removed {swept} temporary record file(s) of killed writers")
     return removed
 
 
