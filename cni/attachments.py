@@ -3,9 +3,9 @@ result cache, the host-local stores and the kernel, with orphans flagged both wa
 
 Each kernel and store source is read by the listing its GC judges (`store.reservations`,
 `masq.network_rules` / `instance_of` / `network_records`, `spoofchk.checks`, `hostport.listed`
-and its records, `ifb.marked`), so a piece shown as an orphan is what a GC without that
-attachment in its valid list removes, and a piece shown as owned is what that attachment's DEL
-removes.
+and its records, `ifb.marked`, bandwidth's tbf records `shaped.listed`), so a piece shown as an
+orphan is what a GC without that attachment in its valid list removes, and a piece shown as
+owned is what that attachment's DEL removes.
 
 States:
 - ok: cached, its netns is there, every piece its cached config asks for is there;
@@ -44,6 +44,7 @@ class Attachment:
     reservations: list[str] = field(default_factory=list)  # host-local files held
     hostVeth: dict[str, Any] | None = None  # name, present, bridge, qdiscs
     ifb: dict[str, Any] | None = None  # name, qdisc
+    tbf: dict[str, Any] | None = None  # bandwidth's record of its ingress tbf: veth, qdisc
     masquerade: list[str] = field(default_factory=list)  # masqueraded source addresses
     masqRecord: bool = False  # its masquerade's record chain (pycni-masq-*, pycni's own)
     hostPort: dict[str, int] | None = None  # rules (DNAT and masquerade), records
@@ -58,6 +59,8 @@ class Attachment:
             out.append(f"veth:{self.hostVeth['name']}")
         if self.ifb:
             out.append(f"ifb:{self.ifb['name']}")
+        if self.tbf:  # the record alone: its veth or its tbf went
+            out.append(f"tbf:{self.tbf['veth']}" if self.tbf["qdisc"] == "tbf" else "tbf-record")
         if self.masquerade:
             out.append(f"masq:{len(self.masquerade)}")
         elif self.masqRecord:
@@ -144,6 +147,7 @@ class Node:
                 claimed.add(dev.name)
                 self.find(dev.network, dev.container_id).ifb = {
                     "name": dev.name, "qdisc": tc.root_kind(ipr, dev.index)}
+            self._read_shaped(ipr)
             for att in self.rows.values():  # the reference's: by name only
                 if att.ifb is None and "ifb" in att.expects:
                     from cni.plugins.bandwidth import ifb_name
@@ -160,6 +164,20 @@ class Node:
                     net = next(n for n, p in self.networks.items()
                                if _bridge_of(p) == info["bridge"])
                     self.row(net, "?", name).hostVeth = info | {"name": name}
+
+    def _read_shaped(self, ipr) -> None:
+        """bandwidth's records of the tbfs its ADDs made, as its DEL and GC read them: the
+        qdisc of the recorded veth if that link is still there (index and name), else None.
+        Records made in another network namespace are not this node's."""
+        from cni.plugins import bandwidth, shaped
+
+        for record in shaped.listed():
+            if not record.here():
+                continue
+            index = bandwidth.recorded_veth(ipr, record)
+            self.row(record.network, record.container_id, record.ifname).tbf = {
+                "veth": record.veth,
+                "qdisc": tc.root_kind(ipr, index) if index is not None else None}
 
     def read_rules(self) -> None:
         for net in list(self.networks):
@@ -230,7 +248,8 @@ class Node:
                     "reservation": len(att.reservations) >= len(
                         [ip for ip in att.ips if ip]) and bool(att.reservations),
                     "masquerade": bool(att.masquerade), "hostport": bool(att.hostPort),
-                    "spoofcheck": bool(att.spoofCheck), "ifb": bool(att.ifb)}
+                    "spoofcheck": bool(att.spoofCheck), "ifb": bool(att.ifb),
+                    "tbf": _shaped(att)}
             att.missing = sorted(p for p in att.expects if not have.get(p, True))
             att.state = "incomplete" if att.missing else "ok"
 
@@ -336,6 +355,8 @@ def _expected(plugins: list[dict[str, Any]], cached: CachedAttachment) -> set[st
         limits = caps.get("bandwidth") if isinstance(caps.get("bandwidth"), dict) else bw
         if keys.get(limits, "egressRate"):
             want.add("ifb")
+        if keys.get(limits, "ingressRate"):
+            want.add("tbf")
     return want
 
 
@@ -361,6 +382,14 @@ def _link_info(ipr, name: str) -> dict[str, Any]:
         qdiscs.append("ingress")
     return {"present": True, "kind": link.kind, "bridge": master.name if master else None,
             "qdiscs": qdiscs}
+
+
+def _shaped(att: Attachment) -> bool:
+    """The ingress tbf is there: by pycni's record, else (the reference keeps none) on the
+    host veth."""
+    if att.tbf is not None:
+        return att.tbf["qdisc"] == "tbf"
+    return bool(att.hostVeth and "tbf" in att.hostVeth.get("qdiscs", []))
 
 
 def _saddr(rule: dict[str, Any]) -> str:

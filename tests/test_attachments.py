@@ -230,3 +230,38 @@ def test_a_masquerade_record_left_alone_is_shown_and_gc_drops_it(host: Netns, ne
     chains = host.run("nft", "list", "table", "inet", "cni_plugins_masquerade").stdout
     assert record in chains and orphan not in chains
     assert set(node.rows()) == {"rec-5e1f"}
+
+
+def test_bandwidth_tbf_records_are_shown_with_their_attachment_and_alone(
+        host: Netns, netns_factory, tmp_path: Path) -> None:
+    """bandwidth's record of the ingress tbf its ADD made (/run/pycni/bandwidth) is a piece
+    of its attachment: shown as `tbf:<veth>` while the tbf is there, as `tbf-record` once the
+    tbf or the veth went (the row is incomplete, or an orphan without its cache entry), and
+    GC clears the orphan."""
+    from cni.plugins import shaped
+
+    node = Node(host, tmp_path)
+    live, gone = netns_factory("pycni-attpod"), netns_factory("pycni-attpod")
+    node.add(live, "shp-live", CAPS)
+    node.add(gone, "shp-gone", CAPS)
+    rows = node.rows()
+    for cid in ("shp-live", "shp-gone"):
+        row = rows[cid]
+        veth = row["hostVeth"]["name"]
+        assert row["tbf"] == {"veth": veth, "qdisc": "tbf"}, row
+        assert f"tbf:{veth}" in row["owns"] and row["state"] == "ok", row
+    veth = rows["shp-live"]["hostVeth"]["name"]
+    host.run("tc", "qdisc", "del", "dev", veth, "root")  # the tbf removed behind its back
+    destroy_netns(gone, host)
+    next((node.cache / "results").glob("demo-shp-gone-eth0")).unlink()
+    rows = node.rows()
+    row = rows["shp-live"]
+    assert (row["state"], row["missing"]) == ("incomplete", ["tbf"]), row
+    assert row["tbf"] == {"veth": veth, "qdisc": "noqueue"} and "tbf-record" in row["owns"]
+    row = rows["shp-gone"]
+    assert row["state"] == "orphan" and row["tbf"]["qdisc"] is None, row
+    assert "tbf-record" in row["owns"], row
+    node.pycni("gc", "demo", "--valid-attachments",
+               json.dumps([{"containerID": "shp-live", "ifname": "eth0"}]))
+    assert set(node.rows()) == {"shp-live"}
+    assert [r.container_id for r in shaped.listed()] == ["shp-live"]

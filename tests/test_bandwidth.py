@@ -23,6 +23,7 @@ from bandwidth_util import (
 from cnitest import REFERENCE_BIN, probe_binary
 
 from cni.host import tc
+from cni.plugins import shaped
 from cni.plugins.bandwidth import CONTAINERD_NO_BURST, CRIO_NO_BURST, derived_burst, ifb_name
 
 pytestmark = pytest.mark.root
@@ -215,20 +216,48 @@ def test_each_runtimes_no_burst_sentinel_derives_the_burst(plugins, host, pod,
 
 
 @pytest.mark.parametrize("where", ["top", "runtime"])
-def test_a_burst_beyond_what_tbf_holds_is_clamped_not_refused(plugins, host, pod, where) -> None:
+def test_an_explicit_burst_beyond_what_tbf_holds_is_refused_naming_key_value_and_most(
+        plugins, host, pod, where) -> None:
+    """An explicit burst is applied exactly or not at all: one tbf cannot hold at its rate (1
+    kbit/s with a 1 Gbit bucket is 10^6 s of buffer, more ticks than tbf's u32 holds) is code 7
+    naming the key, the value and the largest it holds, and nothing is made. The largest itself
+    is taken, exactly; so is CRI-O's sentinel only where it means "no burst"."""
     w = wire(host, pod, 1)
-    # 1 kbit/s with a 1 Gbit bucket: a buffer of 10^6 s, more ticks than tbf's u32 holds
-    cfg = (conf(ingressRate=1000, ingressBurst=10**9, egressRate=MBIT, egressBurst=CRIO_NO_BURST)
-           if where == "top" else
-           conf(**runtime_bw((1000, 10**9), (MBIT, 8 * (2**32 - 2)))))
+    most = tc.max_burst_bits(1000)
+    prefix = "" if where == "top" else "runtimeConfig.bandwidth."
+
+    def limited(ingress, egress):
+        return (conf(ingressRate=ingress[0], ingressBurst=ingress[1], egressRate=egress[0],
+                     egressBurst=egress[1])
+                if where == "top" else conf(**runtime_bw(ingress, egress)))
+
+    for cfg, key, value, rate in (
+            (limited((1000, 10**9), (MBIT, 80_000)), "ingressBurst", 10**9, 1000),
+            (limited((1000, most + 8), (MBIT, 80_000)), "ingressBurst", most + 8, 1000),
+            (limited((MBIT, 80_000), (MBIT, 8 * (2**32 - 2))), "egressBurst", 8 * (2**32 - 2),
+             MBIT)):
+        code, out, _ = plugins.exec("bandwidth", "ADD", cfg | {"prevResult": w.prev_result()},
+                                    netns=pod.path)
+        assert code == 1 and out["code"] == 7, out
+        rate_key = prefix + key.replace("Burst", "Rate")
+        assert out["msg"] == (
+            f"invalid {prefix}{key} {value}: more than tbf can hold at {rate_key} {rate} "
+            f"bits/s: at most {tc.max_burst_bits(rate)} bits (its buffer of clock ticks and "
+            "its queue limit are 32-bit)"), out
+        assert_untouched(host, w)
+        assert not shaped.listed()
+    if where == "top":  # CRI-O's "no burst" value, written by the admin, is a burst like any
+        code, out, _ = plugins.exec("bandwidth", "ADD", conf(
+            egressRate=MBIT, egressBurst=CRIO_NO_BURST) | {"prevResult": w.prev_result()},
+            netns=pod.path)
+        assert code == 1 and out["code"] == 7 and f"egressBurst {CRIO_NO_BURST}" in out["msg"]
+        assert_untouched(host, w)
+    # The largest tbf holds is applied as given, and CHECK agrees.
+    cfg = limited((1000, most), (MBIT, 80_000))
     out = add(plugins, w, cfg)
     held = tbf_of(host, w.veth)
-    assert held == tc.tbf_for(1000, tc.max_burst_bits(1000))
-    assert held.buffer <= 2**32 - 1 and held.buffer > 2**32 - 10**6  # the largest tbf holds
-    with pytest.raises(ValueError, match="beyond what tbf can hold"):
-        tc.tbf_for(1000, tc.max_burst_bits(1000) + 8)
-    # an explicit burst, even CRI-O's sentinel value at the top level, is the admin's: clamped
-    assert tbf_of(host, ifb_name("bwnet", "ctr1")) == tc.tbf_for(MBIT, tc.max_burst_bits(MBIT))
+    assert held == tc.tbf_for(1000, most)
+    assert 2**32 - 10**6 < held.buffer <= 2**32 - 1
     plugins.ok("bandwidth", "CHECK", cfg | {"prevResult": out}, netns=pod.path)
 
 
@@ -417,6 +446,87 @@ def test_gc_removes_the_tbf_of_a_stale_attachment_from_a_veth_that_stays(plugins
     foreign_tbf(host, wired["stale"].veth)
     plugins.ok("bandwidth", "DEL", cfg, container_id="stale", netns=wired["stale"].pod.path)
     assert kinds(host, wired["stale"].veth) == ["tbf"]
+
+
+def test_gc_judges_each_record_by_container_and_ifname(plugins, host, netns_factory) -> None:
+    """The valid list names attachments (containerID, ifname): a tbf recorded for ifname eth0
+    goes when only the same container's eth1 is valid; the container's ifb stays with it."""
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    w = wire(host, netns_factory("pycni-pod"), 1)
+    add(plugins, w, cfg, cid="multi")
+    gc = conf(**{"cni.dev/valid-attachments": [{"containerID": "multi", "ifname": "eth1"}]})
+    plugins.ok("bandwidth", "GC", gc)
+    assert kinds(host, w.veth) == ["ingress", "noqueue"]  # the tbf went, the redirect stayed
+    assert shaped.listed() == []
+    assert ifb_name("bwnet", "multi") in ifbs(host)
+
+
+def test_any_gc_forgets_the_records_whose_veth_is_gone_even_of_a_network_that_is_gone(
+        plugins, host, netns_factory) -> None:
+    """A record is only good for a DEL that removes the tbf from its veth: once that veth is
+    gone from the node, the GC of any network (with or without a valid list) forgets it, so
+    the records of a network whose GC never runs again do not pile up. Records whose veth is
+    there stay, whatever their network."""
+    cfg = conf(name="gonenet", **runtime_bw((10 * MBIT, 80_000), None))
+    gone, live = (wire(host, netns_factory("pycni-pod"), n) for n in (1, 2))
+    add(plugins, gone, cfg, cid="gone")
+    add(plugins, live, cfg, cid="live")
+    host.run("ip", "link", "del", gone.veth)  # the pod went without a DEL
+    assert {r.container_id for r in shaped.listed()} == {"gone", "live"}
+    plugins.ok("bandwidth", "GC", conf())  # another network, no valid list: nothing of its own
+    assert {r.container_id for r in shaped.listed()} == {"live"}
+    plugins.ok("bandwidth", "GC", conf(**{"cni.dev/valid-attachments": []}))
+    assert {r.container_id for r in shaped.listed()} == {"live"}
+    assert kinds(host, live.veth) == ["tbf"]
+
+
+def dead_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_temporary_record_is_never_read_and_goes_once_its_writer_is_dead(plugins, host,
+                                                                          netns_factory) -> None:
+    """An ADD killed between writing `<record>.tmp<pid>` and renaming it made no tbf: a tbf on
+    that veth is someone else's. GC must neither read the file as a record (it removed that
+    tbf) nor keep it forever; a live writer's file stays."""
+    import os
+    from pathlib import Path
+
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), None))
+    w, other = (wire(host, netns_factory("pycni-pod"), n) for n in (1, 2))
+    add(plugins, w, cfg, cid="killed")
+    add(plugins, other, cfg, cid="other")
+    records = Path(shaped.RECORD_DIR)
+    path, kept = (Path(shaped._path("bwnet", cid, "eth0")) for cid in ("killed", "other"))
+    assert path.exists() and kept.exists()
+    dead = path.with_name(f"{path.name}.tmp{dead_pid()}")
+    path.rename(dead)  # the state at the kill: the file not yet renamed, no tbf made
+    host.run("tc", "qdisc", "del", "dev", w.veth, "root")
+    foreign_tbf(host, w.veth)
+    live = kept.with_name(f"{kept.name}.tmp{os.getpid()}")
+    live.write_text(dead.read_text())
+    assert {r.container_id for r in shaped.listed()} == {"other"}
+    plugins.ok("bandwidth", "GC", conf(**{"cni.dev/valid-attachments": [
+        {"containerID": "other", "ifname": "eth0"}]}))
+    assert kinds(host, w.veth) == ["tbf"]  # not ours: left
+    assert not dead.exists() and live.exists()
+    assert {r.container_id for r in shaped.listed()} == {"other"}
+    live.unlink()
+    # A dead writer's file of a record is removed by that record's next write, and its DEL.
+    for verb in ("ADD", "DEL"):
+        dead = path.with_name(f"{path.name}.tmp{dead_pid()}")
+        dead.write_text("{}")
+        if verb == "ADD":
+            host.run("tc", "qdisc", "del", "dev", w.veth, "root")
+            add(plugins, w, cfg, cid="killed")
+        else:
+            plugins.ok("bandwidth", "DEL", cfg, container_id="killed", netns=w.pod.path)
+        assert not dead.exists(), verb
+    assert list(records.iterdir()) == [kept]
 
 
 def test_without_the_daemon_no_verb_loads_nftables_and_loopback_no_pydantic(host, pod) -> None:

@@ -23,7 +23,14 @@ from typing import Any, NamedTuple
 import pytest
 from bandwidth_util import foreign_tbf, kinds
 from cnitest import Netns
-from libcni_util import Daemon, Libcni, host_leftovers, leftovers, module_daemon
+from libcni_util import (
+    Daemon,
+    Libcni,
+    container_id,
+    host_leftovers,
+    leftovers,
+    module_daemon,
+)
 
 pytestmark = pytest.mark.root
 
@@ -268,6 +275,47 @@ def test_a_refusing_chained_plugin_lets_the_bridge_del_run(libcni: Libcni, host:
     attached(pod)  # the bridge's ADD ran: libcni leaves it to the runtime's DEL
     deleted(libcni, host, network, pod, cap)
     assert host_leftovers(host) == []
+
+
+def portmap_state(host: Netns, network: str, cid: str) -> list[str]:
+    """portmap's rules of this container (comment: the bare ID) in the host netns's hostport
+    tables, and this attachment's record chains."""
+    from cni.host import hostport
+
+    record = hostport.record_chain(cid, network, "eth0")
+    found = []
+    for item in host.nft_ruleset().get("nftables", []):
+        rule, chain = item.get("rule"), item.get("chain")
+        if rule and rule["table"] == hostport.TABLE and rule.get("comment") == cid:
+            found.append(f"rule {rule['family']} {rule['chain']}")
+        if chain and chain["table"] == hostport.TABLE and chain["name"] == record:
+            found.append(f"record {chain['family']} {chain['name']}")
+    return found
+
+
+@pytest.mark.parametrize("case", PORTMAP_CASES, ids=ids(PORTMAP_CASES))
+def test_portmap_del_with_a_refused_config_removes_the_rules_a_valid_add_made(
+        libcni: Libcni, host: Netns, pod: Netns, case: Case) -> None:
+    """A valid ADD made portmap's DNAT and masquerade rules; a DEL through a conflist of
+    portmap alone (the bridge's DEL does not run: the pod and its veth stay) with each config
+    portmap's ADD refuses removes them all, and its record."""
+    network = "deltol-pm-rules"
+    cap = {"portMappings": [MAPPING]}
+    libcni.write(conflist(network, BRIDGE, PORTMAP))
+    libcni.ok("add", network, pod, cap_args=cap)
+    cid = container_id(pod)
+    made = portmap_state(host, network, cid)
+    assert {m.split()[0] for m in made} == {"rule", "record"}, made
+
+    libcni.write(conflist(network, merged(PORTMAP, case.keys)))
+    proc = libcni.run("del", network, pod, cap_args={**cap, **case.cap_args})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert portmap_state(host, network, cid) == []
+    attached(pod)  # only portmap's DEL ran
+
+    libcni.write(conflist(network, BRIDGE, PORTMAP))  # the rest goes with the bridge's DEL
+    libcni.ok("del", network, pod, cap_args=cap)
+    assert leftovers(host, pod, network) == [] and host_leftovers(host) == []
 
 
 def test_loopback_refuses_no_config_value(libcni: Libcni, host: Netns, pod: Netns) -> None:

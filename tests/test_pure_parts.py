@@ -129,3 +129,47 @@ def test_derived_burst(rate, mtu, expected) -> None:
 def test_ifb_name(network, cid, expected) -> None:
     """The reference's name: 'bwp' + sha512(network + cid)[:12], values computed by hand."""
     assert ifb_name(network, cid) == expected
+
+
+def searched_max_burst_bits(rate_bits: int, ticks: float) -> int:
+    """The search max_burst_bits replaced (commit 828692d): an estimate in exact arithmetic,
+    then down one byte at a time until tbf_for accepts it."""
+    rate = rate_bits // 8
+    usec_max = int(tc.U32_MAX / ticks)
+    by_buffer = ((usec_max + 1) * rate - 1) // tc.TIME_UNITS_PER_SEC
+    burst = min(by_buffer, tc.U32_MAX - int(rate * tc.LATENCY_USEC / tc.TIME_UNITS_PER_SEC))
+    while burst > 0:
+        try:
+            tc.tbf_for(rate_bits, burst * 8, ticks)
+            return burst * 8
+        except ValueError:
+            burst -= 1
+    return 0
+
+
+RATES = [8, 1000, 8007, 1_000_000, 12_345_678, 125_000_000, 10**9, 8 * 10**9 + 3, 10**11,
+         10**12, 1_370_000_000_000, 1_380_000_000_000, 10**13]
+
+
+@pytest.mark.parametrize("ticks", [15.625, 1.0, 1000.0, 0.064, 1 / 3])  # psched: us2t 64 ...
+@pytest.mark.parametrize("rate", RATES)
+def test_max_burst_is_the_largest_tbf_holds_and_agrees_with_the_old_search(rate, ticks) -> None:
+    most = tc.max_burst_bits(rate, ticks)
+    assert most == searched_max_burst_bits(rate, ticks)
+    assert most % 8 == 0
+    if most:
+        tc.tbf_for(rate, most, ticks)  # fits
+    with pytest.raises(ValueError):
+        tc.tbf_for(rate, most + 8, ticks)  # one byte more does not
+
+
+@pytest.mark.parametrize("rate,ticks,expected", [
+    # 125 B/s, 15.625 ticks/us: 274877906 us of buffer at most (4294967281 ticks), i.e.
+    # trunc(274877906.xxx * 125 / 1e6) = 34359 bytes
+    (1000, 15.625, 34_359 * 8),
+    # 1 Tbit/s: 25 ms of 125 GB/s is 3125000000 bytes of queue, 4294967295 in all
+    (10**12, 15.625, (2**32 - 1 - 3_125_000_000) * 8),
+    (11 * 10**12, 15.625, 0),  # 25 ms alone passes 2^32 bytes
+])
+def test_max_burst_values_worked_by_hand(rate, ticks, expected) -> None:
+    assert tc.max_burst_bits(rate, ticks) == expected

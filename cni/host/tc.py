@@ -15,6 +15,8 @@ CHECK reads back a rate above 2^32 bytes/s. No rate table is sent, as the refere
 from __future__ import annotations
 
 import errno
+import math
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cni.host import dumps
@@ -75,24 +77,39 @@ def tbf_for(rate_bits: int, burst_bits: int, ticks: float | None = None) -> Tbf:
 
 
 def max_burst_bits(rate_bits: int, ticks: float | None = None) -> int:
-    """The largest burst (bits) whose tbf_for(rate_bits, burst) fits tbf's u32 buffer and limit;
-    0 when even the smallest does not (a rate above ~1.4 Tbit/s fills the limit alone)."""
+    """The largest burst (bits, a whole number of bytes) whose tbf_for(rate_bits, burst) fits
+    tbf's u32 buffer and limit; 0 when even the smallest does not (a rate above ~1.4 Tbit/s
+    fills the limit alone).
+
+    Computed, not searched: tbf_for's buffer is trunc(fl(usec * ticks)) with usec =
+    trunc(fl(burst * 1e6 / rate)), fl a correctly rounded double operation, both monotone in the
+    burst. So the largest usec whose buffer fits is the inverse of the first rounding and the
+    largest burst whose usec fits the inverse of the second (_largest), worked in exact
+    fractions; the limit is burst + a constant."""
     ticks = tick_in_usec() if ticks is None else ticks
     rate = rate_bits // 8
-    if rate <= 0:
+    if rate <= 0 or ticks <= 0:
         return 0
-    usec_max = int(U32_MAX / ticks)
-    # int(burst * 1e6 / rate) <= usec_max  <=>  burst * 1e6 < (usec_max + 1) * rate
-    by_buffer = ((usec_max + 1) * rate - 1) // TIME_UNITS_PER_SEC
+    usec = _largest(Fraction(ticks), U32_MAX)  # buffer = trunc(fl(usec * ticks)) <= U32_MAX
+    by_buffer = _largest(Fraction(TIME_UNITS_PER_SEC, rate), usec)
     by_limit = U32_MAX - int(rate * LATENCY_USEC / TIME_UNITS_PER_SEC)
-    burst = min(by_buffer, by_limit)
-    while burst > 0:  # tbf_for divides in floats: step down past any rounding at the edge
-        try:
-            tbf_for(rate_bits, burst * 8, ticks)
-            return burst * 8
-        except ValueError:
-            burst -= 1
-    return 0
+    return max(min(by_buffer, by_limit), 0) * 8
+
+
+def _largest(step: Fraction, most: int) -> int:
+    """The largest integer n >= 0 with trunc(fl(n * step)) <= most, where fl rounds the exact
+    n * step to the nearest double, ties to even (what Python's int / int and a float product
+    of exact operands do, and Go's float64 arithmetic in the reference).
+
+    trunc(fl(x)) <= most  <=>  fl(x) < most + 1  <=>  x below the midpoint between most + 1
+    and the double under it (or at that midpoint, if the tie goes down to that double)."""
+    top = most + 1  # an integer below 2^53: a double exactly
+    under = math.nextafter(float(top), 0.0)
+    edge = (Fraction(under) + top) / 2
+    bound = edge / step
+    if float(edge) == under:  # the tie rounds down: x == edge is in
+        return math.floor(bound)
+    return math.ceil(bound) - 1
 
 
 _TBF_MSG: type | None = None

@@ -22,9 +22,11 @@ then stall (reference issue #609) and the second is more than tbf can hold (the 
 it to a ~3 KB queue). Both sentinels in runtimeConfig.bandwidth, and annotations, give a burst of
 10 ms worth of the rate, at least 4 MTUs of the host veth.
 
-Any other burst is the config's, validated as the reference does (under 4 GB); one that tbf
-cannot hold at its rate (its u32 buffer of psched ticks, or its u32 limit) is clamped to the
-largest that it can, so no burst ever fails an ADD; CHECK computes the same clamp.
+Any other burst is the config's, validated as the reference does (under 4 GB), and applied
+exactly: one that tbf cannot hold at its rate (its u32 buffer of psched ticks, or its u32 limit;
+cni.host.tc.max_burst_bits) is refused, code 7 naming the key, the value and the largest burst
+tbf holds (the reference wraps it to a different number silently). A derived burst is clamped
+to that largest instead (only above ~1 Tbit/s), and the clamp logged.
 
 Each ifb carries the alias `pycni-bandwidth <network> <containerID>` (cni.host.ifb), and each
 ingress tbf a record naming its host veth (cni.plugins.shaped), so DEL removes both without
@@ -35,6 +37,7 @@ limits succeeds (reference #1221 crashed there).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Annotated, Any, NamedTuple
 
 from pydantic import ValidationError, field_validator, model_validator
@@ -192,8 +195,9 @@ def _annotated(annotations: dict[str, Any], name: str) -> Direction | None:
     return Direction(bits, None, key, key)
 
 
-def _tbf(direction: Direction, mtu: int):
-    """The tbf for a direction, its burst clamped to the largest tbf holds at its rate."""
+def _tbf(direction: Direction, mtu: int, log: Callable[[str], None]):
+    """The tbf for a direction. An explicit burst tbf cannot hold at its rate is refused; a
+    derived one (ours, from the rate) is clamped to the largest it holds."""
     from cni.host import tc
 
     ticks = tc.tick_in_usec()
@@ -201,7 +205,17 @@ def _tbf(direction: Direction, mtu: int):
     if most == 0:  # 25 ms of the rate alone overflows tbf's u32 limit (above ~1.37 Tbit/s)
         raise invalid_config(direction.rate_key, direction.rate,
                              "rate too high for tbf: its queue limit would pass 4 GB")
-    return tc.tbf_for(direction.rate, min(direction.burst_bits(mtu), most), ticks)
+    if direction.burst is not None and direction.burst // 8 > most // 8:
+        raise invalid_config(direction.burst_key, direction.burst,
+                             f"more than tbf can hold at {direction.rate_key} "
+                             f"{direction.rate} bits/s: at most {most} bits (its buffer of "
+                             f"clock ticks and its queue limit are 32-bit)")
+    burst = direction.burst_bits(mtu)
+    if burst // 8 > most // 8:
+        log(f"{direction.rate_key} {direction.rate}: derived burst {burst} bits clamped to "
+            f"{most}, the largest tbf holds at that rate")
+        burst = most
+    return tc.tbf_for(direction.rate, burst, ticks)
 
 
 # ---- the host veth ---------------------------------------------------------------------------
@@ -239,8 +253,8 @@ def add(req: Request) -> Result:
     prev = _require_prev(req)
     require_printable(prev, req.version)
     veth = _host_veth(req, prev)
-    ingress = _tbf(lim.ingress, veth.mtu) if lim.ingress else None
-    egress = _tbf(lim.egress, veth.mtu) if lim.egress else None
+    ingress = _tbf(lim.ingress, veth.mtu, req.log) if lim.ingress else None
+    egress = _tbf(lim.egress, veth.mtu, req.log) if lim.egress else None
     result = copy.deepcopy(prev)
     result["interfaces"] = list(result.get("interfaces") or [])
     _apply(req, veth, ingress, egress, result)
@@ -300,7 +314,7 @@ def delete(req: Request) -> None:
     veth = _host_veth_if_any(req)
     with netns.iproute() as ipr:
         index = ifb.lookup(ipr, name)
-        recorded = _recorded_veth(ipr, record)
+        recorded = recorded_veth(ipr, record)
         host = veth.index if veth is not None else recorded
         # Our ifb exists, so the ingress qdisc is ours if it redirects to it or is still bare.
         if host is not None and index is not None and tc.ingress_is_for(ipr, host, index):
@@ -312,7 +326,7 @@ def delete(req: Request) -> None:
     shaped.forget(req.network, req.container_id, req.ifname)
 
 
-def _recorded_veth(ipr, record: shaped.Shaped | None) -> int | None:
+def recorded_veth(ipr, record: shaped.Shaped | None) -> int | None:
     """The ifindex of the recorded host veth if that link is still there under its name."""
     from cni.host import links
 
@@ -345,7 +359,8 @@ def check(req: Request) -> None:
     veth = _host_veth(req, _require_prev(req))
     with netns.iproute() as ipr:
         if lim.ingress is not None:
-            _compare(veth.name, tc.read_tbf(ipr, veth.index), _tbf(lim.ingress, veth.mtu))
+            _compare(veth.name, tc.read_tbf(ipr, veth.index),
+                     _tbf(lim.ingress, veth.mtu, req.log))
         if lim.egress is not None:
             name = ifb_name(req.network, req.container_id)
             index = ifb.lookup(ipr, name)
@@ -354,7 +369,7 @@ def check(req: Request) -> None:
             if index not in tc.redirect_targets(ipr, veth.index):
                 raise CNIError(Code.INTERNAL,
                                f"no ingress redirect from {veth.name} to ifb {name}")
-            _compare(name, tc.read_tbf(ipr, index), _tbf(lim.egress, veth.mtu))
+            _compare(name, tc.read_tbf(ipr, index), _tbf(lim.egress, veth.mtu, req.log))
 
 
 def _compare(dev: str, found, want) -> None:
@@ -368,25 +383,36 @@ def _compare(dev: str, found, want) -> None:
 
 
 def gc(req: Request) -> int:
-    """Remove our ifbs (of this network) whose container is not among the valid attachments;
-    -> how many."""
+    """Remove our ifbs (of this network) whose container has no valid attachment, and the tbf
+    and record of each attachment of this network not in the valid list; and, whatever the
+    list, the records of any network whose host veth is gone, and dead writers' temporary
+    records (cni.plugins.shaped). -> how many qdiscs and links removed."""
     from cni.host import ifb
 
     valid = valid_attachments(req.config)
-    if valid is None:  # libcni's GC without args: stale and live look alike
-        req.log("GC without cni.dev/valid-attachments: no ifb removed")
-        return 0
-    keep = {cid for cid, _ in valid}
     removed = 0
     with netns.iproute() as ipr:
-        for dev in ifb.marked(ipr):
-            if dev.network == req.network and dev.container_id not in keep:
-                req.log(f"gc: removing {dev.name} of container {dev.container_id}")
-                removed += ifb.delete(ipr, dev.name)
+        if valid is None:  # libcni's GC without args: stale and live look alike
+            req.log("GC without cni.dev/valid-attachments: no ifb or tbf removed")
+        else:
+            keep = {cid for cid, _ in valid}
+            for dev in ifb.marked(ipr):
+                if dev.network == req.network and dev.container_id not in keep:
+                    req.log(f"gc: removing {dev.name} of container {dev.container_id}")
+                    removed += ifb.delete(ipr, dev.name)
         for record in shaped.listed():
-            if record.network == req.network and record.container_id not in keep:
+            if valid is not None and record.network == req.network and \
+                    (record.container_id, record.ifname) not in valid:
                 removed += _collect_tbf(ipr, req, record)
-                shaped.forget(record.network, record.container_id, record.ifname)
+            elif not record.here() or recorded_veth(ipr, record) is not None:
+                continue  # another netns's record, or a veth that is still there: kept
+            else:
+                req.log(f"gc: forgetting the tbf record of {record.network} "
+                        f"{record.container_id} {record.ifname}: {record.veth} is gone")
+            shaped.forget(record.network, record.container_id, record.ifname)
+    swept = shaped.sweep_temporary()
+    if swept:
+        req.log(f"gc: removed {swept} temporary record file(s) of killed writers")
     return removed
 
 
@@ -394,7 +420,7 @@ def _collect_tbf(ipr, req: Request, record: shaped.Shaped) -> int:
     """GC of a stale record: its tbf, if the recorded host veth is still there; -> 0 or 1."""
     from cni.host import tc
 
-    index = _recorded_veth(ipr, record)
+    index = recorded_veth(ipr, record)
     if index is None or tc.root_kind(ipr, index) != "tbf":
         return 0
     req.log(f"gc: removing the tbf on {record.veth} of container {record.container_id}")

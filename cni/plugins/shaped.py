@@ -11,7 +11,14 @@ The file is RECORD_DIR/<sha512(network, containerID, ifname)>, JSON: those three
 veth's name and ifindex at ADD and the node's netns inode (a record is trusted in that netns only,
 for a link of that index and name). It is written before the tbf is made (a kill in between
 leaves a record of a tbf that is not there: DEL then finds no tbf on that link) and removed by
-the ADD's undo, by DEL and by GC. /run is a tmpfs: after a reboot the veths are gone too.
+the ADD's undo, by DEL and by GC: bandwidth's GC of the record's network when its (containerID,
+ifname) is not valid, and the GC of any network when its host veth is gone from this netns (the
+tbf went with it; so the records of a network that no longer exists, whose GC never runs, go
+too). /run is a tmpfs: after a reboot the veths are gone too.
+
+A record is written as `<name>.tmp<pid>` and renamed: a writer killed in between leaves that
+file. It is never read as a record, and removed once its writer is dead (no process has that
+pid) by the next write or removal of the same record and by any GC (sweep_temporary).
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from typing import NamedTuple
 from cni.host.digest import sha512_hex
 
 RECORD_DIR = "/run/pycni/bandwidth"
+NAME_LENGTH = 40  # hex digits of the digest: a record's file name
+_TMP = ".tmp"
 
 
 class Shaped(NamedTuple):
@@ -44,17 +53,66 @@ def node_netns() -> int:
 
 def _path(network: str, container_id: str, ifname: str) -> str:
     # A digest: the file name is never built from the request's strings.
-    return os.path.join(RECORD_DIR, sha512_hex(f"{network}\0{container_id}\0{ifname}", 40))
+    return os.path.join(RECORD_DIR, _name(network, container_id, ifname))
+
+
+def _name(network: str, container_id: str, ifname: str) -> str:
+    return sha512_hex(f"{network}\0{container_id}\0{ifname}", NAME_LENGTH)
+
+
+def _is_record(name: str) -> bool:
+    return len(name) == NAME_LENGTH and all(c in "0123456789abcdef" for c in name)
+
+
+def _temporary(name: str) -> tuple[str, int] | None:
+    """(the record's name, the writer's pid) of a `<record>.tmp<pid>` file name, else None."""
+    record, sep, pid = name.partition(_TMP)
+    if not sep or not _is_record(record) or not pid.isdigit() or not pid.isascii():
+        return None
+    return record, int(pid)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process has this pid (ours included). A live pid may be another process that
+    reused a dead writer's: its file waits for a later sweep, which is harmless."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # no such pid, or none could be
+        return False
+    except OSError:  # EPERM: someone's process, alive
+        return True
+    return True
+
+
+def sweep_temporary(record: str | None = None) -> int:
+    """Remove the temporary files of dead writers (of one record's name, or all); -> how many.
+    A live writer's file is left: it is about to be renamed over its record."""
+    try:
+        names = os.listdir(RECORD_DIR)
+    except FileNotFoundError:
+        return 0
+    removed = 0
+    for name in names:
+        tmp = _temporary(name)
+        if tmp is None or (record is not None and tmp[0] != record) or _alive(tmp[1]):
+            continue
+        try:
+            os.unlink(os.path.join(RECORD_DIR, name))  # unlink never follows a symlink
+            removed += 1
+        except FileNotFoundError:
+            pass  # another sweep was first
+    return removed
 
 
 def remember(network: str, container_id: str, ifname: str, veth: str, index: int) -> None:
     """Record the tbf about to be made on `veth` (ifindex `index`); raises OSError if it cannot
     (the ADD fails before it made the tbf: a tbf without its record would outlive a DEL)."""
     os.makedirs(RECORD_DIR, mode=0o700, exist_ok=True)
+    sweep_temporary(_name(network, container_id, ifname))
     body = json.dumps({"network": network, "containerID": container_id, "ifname": ifname,
                        "veth": veth, "index": index, "node": node_netns()})
     path = _path(network, container_id, ifname)
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = f"{path}{_TMP}{os.getpid()}"
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600),
               "w") as f:
         f.write(body)
@@ -70,16 +128,17 @@ def forget(network: str, container_id: str, ifname: str) -> None:
         os.unlink(_path(network, container_id, ifname))
     except FileNotFoundError:
         pass
+    sweep_temporary(_name(network, container_id, ifname))
 
 
 def listed() -> list[Shaped]:
-    """Every readable record."""
+    """Every readable record (never a temporary file)."""
     try:
         names = sorted(os.listdir(RECORD_DIR))
     except FileNotFoundError:
         return []
     out = []
-    for name in names:
+    for name in filter(_is_record, names):
         record = _read(os.path.join(RECORD_DIR, name))
         if record is not None:
             out.append(record)
