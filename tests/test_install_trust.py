@@ -5,6 +5,7 @@ run are repaired when damaged and kept while a plugin may still run them (issue 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -265,3 +266,21 @@ def test_a_copy_stays_while_a_plugin_exec_d_before_the_switch_runs(tmp_path, mon
     assert json.loads(out)["code"], out  # the CNI error a bad netns always gets
     inst.install(bin_dir, conf_dir, compile_bytecode=False)
     assert first not in list(lib_dir.iterdir()) and len(list(lib_dir.iterdir())) == 1
+
+
+def test_uninstall_believes_only_a_manifest_root_owns(tmp_path):
+    """The manifest says what uninstall removes and restores: in a bin dir others can write
+    (an admin's chmod), nobody's forged one would have root delete any file it names."""
+    bin_dir, conf_dir = tmp_path / "bin", tmp_path / "net.d"
+    inst.install(bin_dir, conf_dir, compile_bytecode=False)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"root's own\n")
+    forged = json.loads((bin_dir / inst.MANIFEST).read_text())
+    forged["entries"].append({"path": str(victim), "kind": "file",
+                              "digest": hashlib.sha256(b"root's own\n").hexdigest()})
+    bin_dir.chmod(0o777)
+    assert nobody("sh", "-c", f"echo '{json.dumps(forged)}' > {bin_dir}/forged && "
+                  f"mv -f {bin_dir}/forged {bin_dir / inst.MANIFEST}").returncode == 0
+    code, out = cli("uninstall", "--bin-dir", str(bin_dir))
+    assert code == 1 and f"{bin_dir} is owned by root (uid 0) with mode 0777" in out, out
+    assert victim.read_bytes() == b"root's own\n" and (bin_dir / "bridge").is_symlink()

@@ -94,11 +94,12 @@ def check_trust(bin_dir: Path, conf_dir: Path | None, units_dir: Path | None, py
         if (bin_dir / sub).exists():
             trust.walk(bin_dir / sub, f"bin dir's {sub}")
     trust.walk(python, "interpreter")
+    if (cfg := python.parent.parent / "pyvenv.cfg").exists():  # a venv: it names the base
+        trust.walk(cfg, "interpreter's venv")
     for d in sites:
         trust.walk_maybe_missing(d, "sys.path dir")
     trust.walk(ROOT, "the dir the cni package is in")
-    trust.walk(PACKAGE, "the cni package")
-    trust.walk(Path(str(SOURCE)), "the executables' template")
+    trust.check_tree(PACKAGE, "the cni package")
 
 
 def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
@@ -233,6 +234,8 @@ def uninstall(bin_dir: Path = DEFAULT_BIN) -> list[str]:
     bin_dir = bin_dir.absolute()
     if Manifest.load(bin_dir) is None:
         raise InstallError(f"no pycni install recorded in {bin_dir} ({MANIFEST} missing)")
+    # The manifest says what to remove and restore where: only root's is believed.
+    trust.walk(bin_dir / MANIFEST, "install manifest")
     with lock.held(bin_dir) as lock_file:
         manifest = Manifest.load(bin_dir)
         if manifest is None:  # another uninstall was first

@@ -9,6 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from cni.install import trust
 from cni.install.errors import BACKUPS
 
 
@@ -54,15 +55,20 @@ def keep_backup(bin_dir: Path, path: Path) -> str:
 
 def make_dirs(d: Path) -> list[Path]:
     """mkdir -p, returning the dirs it created (outermost first) so uninstall can remove them.
-    Each mkdir fails if the name appeared meanwhile: what install writes into is its own."""
+    A name that appeared meanwhile (another install made it) must pass trust.walk itself."""
     missing = []
     p = d
     while not (p.exists() or p.is_symlink()):
         missing.append(p)
         p = p.parent
+    made = []
     for m in reversed(missing):
-        m.mkdir(mode=0o755)
-    return list(reversed(missing))
+        try:
+            m.mkdir(mode=0o755)
+            made.append(m)
+        except FileExistsError:
+            trust.walk(m, "dir made meanwhile")
+    return made
 
 
 def fsync_dir(path: Path) -> None:

@@ -82,6 +82,8 @@ def walk(path: Path | str, what: str, *, ancestor: bool = False) -> str:
             st = os.lstat(nxt)
         except FileNotFoundError:
             raise InstallError(f"{what}: {nxt} does not exist") from None
+        except OSError as e:
+            raise InstallError(f"{what}: {nxt}: {e.strerror}") from None
         _check(what, nxt, st, ancestor or bool(pending))
         if stat.S_ISLNK(st.st_mode):
             hops += 1
@@ -94,6 +96,21 @@ def walk(path: Path | str, what: str, *, ancestor: bool = False) -> str:
             continue
         cur = nxt
     return cur
+
+
+def check_tree(top: Path, what: str) -> None:
+    """top walked, then every dir and file under it: root's and writable by root alone (the
+    package install copies and compiles; a link in it, as cni/data's in a checkout, walked)."""
+    walk(top, what)
+    for dirpath, dirs, names in os.walk(top):
+        for name in dirs + names:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                _check(what, path, st, ancestor=False)
+                walk(path, what)
+            else:
+                _check(what, path, st, ancestor=False)
 
 
 def walk_dir_to_make(path: Path, what: str) -> None:
