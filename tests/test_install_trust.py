@@ -234,6 +234,34 @@ def short_prune_wait(monkeypatch) -> None:
         monkeypatch.setattr(copies, "PRUNE_WAIT", 1.0)
 
 
+PLUGIN_CONF = {"cniVersion": "1.0.0", "name": "lo", "type": "loopback"}
+
+
+def start_plugin(bin_dir: Path, tmp_path: Path) -> subprocess.Popen:
+    """loopback's ADD exec'd as a runtime does, waiting for its config on stdin: by then it has
+    imported the shim from the copy its executable names, the rest it imports once it reads."""
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/nonexistent/netns",
+           "CNI_IFNAME": "lo", "CNI_PATH": str(bin_dir), "PATH": "/usr/bin:/bin",
+           "PYCNI_SOCKET": str(tmp_path / "no.sock")}
+    plugin = subprocess.Popen([str(bin_dir / "loopback")], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/")
+    time.sleep(1)  # started, imported the shim; it waits on stdin
+    return plugin
+
+
+def finish_plugin(plugin: subprocess.Popen) -> None:
+    """Its config sent: it ends with the CNI error a bad netns always gets, not a missing
+    module."""
+    try:
+        out, err = plugin.communicate(json.dumps(PLUGIN_CONF).encode(), timeout=60)
+    finally:
+        if plugin.poll() is None:
+            plugin.send_signal(signal.SIGKILL)
+            plugin.wait()
+    assert b"ModuleNotFoundError" not in err and b"Traceback" not in err, err
+    assert json.loads(out)["code"], out
+
+
 def test_a_copy_stays_while_a_plugin_exec_d_before_the_switch_runs(tmp_path, monkeypatch):
     """A plugin exec'd from the executable of version 1 imports from version 1's copy lazily
     (holding nothing of it open): installs of 2 and then 3 meanwhile keep that copy, and the
@@ -245,27 +273,33 @@ def test_a_copy_stays_while_a_plugin_exec_d_before_the_switch_runs(tmp_path, mon
     monkeypatch.setattr(inst, "__version__", "1.0.0")
     inst.install(bin_dir, conf_dir, compile_bytecode=False)
     [first] = lib_dir.iterdir()
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/nonexistent/netns",
-           "CNI_IFNAME": "lo", "CNI_PATH": str(bin_dir), "PATH": "/usr/bin:/bin",
-           "PYCNI_SOCKET": str(tmp_path / "no.sock")}
-    plugin = subprocess.Popen([str(bin_dir / "loopback")], env=env, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/")
+    plugin = start_plugin(bin_dir, tmp_path)
     try:
-        time.sleep(1)  # it has started and imported the shim from `first`; it waits on stdin
         for version in ("1.0.1", "1.0.2"):
             monkeypatch.setattr(inst, "__version__", version)
             inst.install(bin_dir, conf_dir, force=True, compile_bytecode=False)
             assert first.is_dir(), version
-        conf = {"cniVersion": "1.0.0", "name": "lo", "type": "loopback"}
-        out, err = plugin.communicate(json.dumps(conf).encode(), timeout=60)
     finally:
-        if plugin.poll() is None:
-            plugin.send_signal(signal.SIGKILL)
-            plugin.wait()
-    assert b"ModuleNotFoundError" not in err and b"Traceback" not in err, err
-    assert json.loads(out)["code"], out  # the CNI error a bad netns always gets
+        finish_plugin(plugin)
     inst.install(bin_dir, conf_dir, compile_bytecode=False)
     assert first not in list(lib_dir.iterdir()) and len(list(lib_dir.iterdir())) == 1
+
+
+def test_uninstall_leaves_the_copy_a_running_plugin_still_imports(tmp_path, monkeypatch):
+    """Uninstall removes the executables; a plugin exec'd from them just before still imports
+    from their copy: it stays (said so), and the plugin finishes on it."""
+    wheel_like(monkeypatch)
+    short_prune_wait(monkeypatch)
+    bin_dir, conf_dir = tmp_path / "bin", tmp_path / "net.d"
+    inst.install(bin_dir, conf_dir, compile_bytecode=False)
+    [copy] = (bin_dir / ".pycni-lib").iterdir()
+    plugin = start_plugin(bin_dir, tmp_path)
+    try:
+        code, out = cli("uninstall", "--bin-dir", str(bin_dir))
+        assert code == 0 and f"left {copy}: pid {plugin.pid} may still run it" in out, out
+        assert copy.is_dir() and not (bin_dir / inst.MULTICALL).exists()
+    finally:
+        finish_plugin(plugin)
 
 
 def test_uninstall_believes_only_a_manifest_root_owns(tmp_path):

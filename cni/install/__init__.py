@@ -206,8 +206,7 @@ def _prune(bin_dir: Path, manifest: Manifest | None, switched: int) -> list[str]
     """Remove the copies nothing names and no process may run (manifest None: uninstall,
     the copies dir too once empty)."""
     lib_dir = bin_dir / copies.LIB
-    gone, used = copies.prune(lib_dir, named_copies(bin_dir, manifest), bin_dir / MULTICALL,
-                              switched)
+    gone, used = copies.prune(lib_dir, named_copies(bin_dir, manifest), bin_dir, switched)
     if manifest is None:
         try:
             lib_dir.rmdir()

@@ -19,7 +19,7 @@ make, check or prune copies at once:
   emptied by a crash of the filesystem under it, or edited) is moved aside and made again.
 - A copy is removed only when no executable names it (the bin dir's executable, any executable
   kept as a backup, the manifest) and no process may still run it (cni/install/inuse.py: a path
-  under it open, mapped or the cwd, or a plugin exec'd from the bin dir's executable before it
+  under it open, mapped or the cwd, or a plugin exec'd from the bin dir before its executable
   last changed). Prune waits a few seconds for such processes (a plugin call is short); one still
   running keeps its copies until the next install or uninstall.
 """
@@ -122,7 +122,7 @@ def make(dest: Path, package: Path, python: Path) -> bool:
     return True
 
 
-def prune(lib_dir: Path, keep: set[str], executable: Path, switched: int,
+def prune(lib_dir: Path, keep: set[str], bin_dir: Path, switched: int,
           wait: float | None = None) -> tuple[list[str], dict[str, int]]:
     """Remove the copies not in keep that no process may run (waiting up to `wait` seconds for
     those), and temporary dirs (under the install lock, only an interrupted install's). The dirs
@@ -138,7 +138,7 @@ def prune(lib_dir: Path, keep: set[str], executable: Path, switched: int,
     while True:
         old = [d for d in sorted(lib_dir.iterdir())
                if str(d) not in keep and d.is_dir() and not d.is_symlink()]
-        used = inuse.users(old, executable, switched) if old else {}
+        used = inuse.users(old, bin_dir, switched) if old else {}
         for d in old:
             if str(d) not in used:
                 shutil.rmtree(d)
