@@ -84,18 +84,25 @@ def plan(bin_dir: Path, conf_dir: Path | None, conflist: str | None,
     return items
 
 
-def check_trust(bin_dir: Path, conf_dir: Path | None, units_dir: Path | None, python: Path,
+def check_interpreter(python: Path, units_dir: Path | None) -> None:
+    """The interpreter the executables (and site_dirs, and the units' daemon) run: as trust.py
+    says, before install runs it."""
+    trust.walk(python, "interpreter")
+    if (cfg := python.parent.parent / "pyvenv.cfg").exists():  # a venv: it names the base
+        trust.walk(cfg, "interpreter's venv")
+    if units_dir is not None and (pycni := python.parent / "pycni").exists():
+        trust.walk(pycni, "the daemon's command")
+
+
+def check_trust(bin_dir: Path, conf_dir: Path | None, units_dir: Path | None,
                 sites: list[str]) -> None:
-    """Everything install reads or writes through, as trust.py says; before the first write."""
+    """Everything else install reads or writes through, as trust.py says; before any write."""
     for d, what in ((bin_dir, "bin dir"), (conf_dir, "conf dir"), (units_dir, "units dir")):
         if d is not None:
             trust.walk_dir_to_make(d, what)
     for sub in (copies.LIB, BACKUPS):  # what earlier installs made there
         if (bin_dir / sub).exists():
             trust.walk(bin_dir / sub, f"bin dir's {sub}")
-    trust.walk(python, "interpreter")
-    if (cfg := python.parent.parent / "pyvenv.cfg").exists():  # a venv: it names the base
-        trust.walk(cfg, "interpreter's venv")
     for d in sites:
         trust.walk_maybe_missing(d, "sys.path dir")
     trust.walk(ROOT, "the dir the cni package is in")
@@ -112,8 +119,9 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
     daemon's units go there and the socket is enabled."""
     bin_dir, conf_dir = bin_dir.absolute(), conf_dir.absolute() if conf_dir else None
     python = venv_python()
+    check_interpreter(python, units_dir)
     sites = site_dirs(python)
-    check_trust(bin_dir, conf_dir, units_dir, python, sites)
+    check_trust(bin_dir, conf_dir, units_dir, sites)
     # Installed from a wheel, the executables run a copy pip never changes (copies.py).
     lib = copies.path_for(bin_dir, PACKAGE, __version__) if in_site(ROOT, sites) else None
     items = plan(bin_dir, conf_dir, conflist, cni_version, python, units_dir,
@@ -213,7 +221,8 @@ def _prune(bin_dir: Path, manifest: Manifest | None, switched: int) -> list[str]
         except OSError:
             pass  # absent, or still holds a copy
     return [f"removed {d}" for d in gone] + [
-        f"left {d}: pid {pid} may still run it (the next install or uninstall removes it)"
+        f"left {d}: pid {pid} may still run it (the next install removes it; or remove it "
+        f"once pid {pid} is gone)"
         for d, pid in used.items()]
 
 
