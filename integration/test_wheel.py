@@ -93,7 +93,7 @@ def test_install_and_uninstall_from_the_wheel(venv, tmp_path) -> None:
              "--systemd-dir", units, cwd=tmp_path, env=env)
     multicall = (bin_dir / "pycni-plugin").read_text().splitlines()
     assert multicall[0].startswith(f"#!{venv.path}/bin/python") and multicall[0].endswith(" -IS")
-    # the package's copy install made (cni.plugin_lib: pip upgrades site-packages in place),
+    # the package's copy install made (cni/install/copies.py: pip upgrades site-packages in place),
     # then the venv's site-packages for the dependencies
     [lib] = (bin_dir / ".pycni-lib").iterdir()
     assert lib.name.startswith(f"{cni.__version__}-")

@@ -29,8 +29,9 @@ import pytest
 from cnitest import BIN, ROOT, VENV_PY, Netns, Plugins
 from test_shim import EXPENSIVE, assert_stdlib_only
 
-from cni.fast import handover, status
 from cni.fast import protocol as proto
+from cni.fast import status
+from cni.install import upgrade
 
 pytestmark = pytest.mark.root
 NO_DAEMON = {"PYCNI_SOCKET": "/nonexistent/pycni.sock"}
@@ -546,7 +547,7 @@ def test_handover_to_a_successor_loses_no_request(host, pod, plugins, start_daem
     thread.start()
     successor = 0
     try:
-        answer = handover.request(str(daemon.socket))
+        answer = upgrade.request(str(daemon.socket))
         successor = answer["successor"]
         assert answer["pid"] == old["pid"] == daemon.proc.pid, answer
         new = daemon.status()  # whoever answers now
@@ -576,17 +577,17 @@ def test_handover_to_a_successor_loses_no_request(host, pod, plugins, start_daem
 
 
 def test_install_hands_over_a_daemon_of_another_version_only(host, start_daemon) -> None:
-    """handover.upgrade, as `pycni install` calls it: a daemon running the installed version is
+    """upgrade.upgrade, as `pycni install` calls it: a daemon running the installed version is
     left alone; one of another version hands over, and a successor that does not then run the
     installed version (its command line runs another install) is an error saying so."""
     daemon = start_daemon(host)
     old = daemon.status()
-    said = handover.upgrade(old["version"], str(daemon.socket))
+    said = upgrade.upgrade(old["version"], str(daemon.socket))
     assert "already" in said and daemon.status()["pid"] == old["pid"], said
     successor = 0
     try:
-        with pytest.raises(handover.HandoverError, match=f"runs {old['version']}, not 9.9.9"):
-            handover.upgrade("9.9.9", str(daemon.socket))
+        with pytest.raises(upgrade.HandoverError, match=f"runs {old['version']}, not 9.9.9"):
+            upgrade.upgrade("9.9.9", str(daemon.socket))
         successor = daemon.status()["pid"]
         assert successor != old["pid"]
         daemon.proc.wait(30)
@@ -739,8 +740,8 @@ def test_socket_activation(host, pod, plugins, tmp_path) -> None:
                          env={"PYCNI_SOCKET": str(path)})
         assert out["interfaces"][0]["name"] == "lo"
         wait_for(lambda: " served " in log.read_text(), "the request to be logged")
-        with pytest.raises(handover.HandoverError, match="systemctl restart pycni.service"):
-            handover.request(str(path))  # systemd's socket: its restart is the way there
+        with pytest.raises(upgrade.HandoverError, match="systemctl restart pycni.service"):
+            upgrade.request(str(path))  # systemd's socket: its restart is the way there
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
         assert path.exists()  # the socket is systemd's: left in place for the next start

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from cni import doctor, registry
 from cni import install as inst
 from cni.cli import main
+from cni.install import files
 
 ROOT = Path(__file__).resolve().parent.parent
 LO_CONF = {"cniVersion": "1.1.0", "name": "lo-test", "plugins": [{"type": "loopback"}]}
@@ -182,15 +183,15 @@ def test_no_path_is_ever_missing_while_install_replaces_it(dirs, monkeypatch) ->
     (bin_dir / "bridge").write_bytes(b"\x7fELF reference bridge")
     (bin_dir / inst.MULTICALL).write_bytes(b"#!/bin/sh\nsomeone else's\n")
     there_before: dict[str, bool] = {}
-    write, symlink = inst._atomic_write, inst._atomic_symlink
+    write, symlink = files.atomic_write, files.atomic_symlink
 
     def watched(replace):
         def wrapper(path: Path, *args) -> None:
             there_before[path.name] = path.exists() or path.is_symlink()
             replace(path, *args)
         return wrapper
-    monkeypatch.setattr(inst, "_atomic_write", watched(write))
-    monkeypatch.setattr(inst, "_atomic_symlink", watched(symlink))
+    monkeypatch.setattr(files, "atomic_write", watched(write))
+    monkeypatch.setattr(files, "atomic_symlink", watched(symlink))
     inst.install(bin_dir, conf_dir, str(src), force=True, compile_bytecode=False)
     assert there_before[inst.MULTICALL] and there_before["bridge"], there_before
     backups = sorted(p.name for p in (bin_dir / inst.BACKUPS).iterdir())
@@ -208,7 +209,7 @@ def test_no_path_is_ever_missing_while_install_replaces_it(dirs, monkeypatch) ->
 def test_from_a_wheel_the_plugins_run_a_copy_pip_never_changes(dirs, monkeypatch) -> None:
     """Installed in site-packages (here: the checkout taken for one), the executables import a
     copy of the package made by install (pip upgrades site-packages in place, file by file);
-    each version's copy stays while the executable of the next still may be running it."""
+    a copy goes once no executable names it and no process may run it (nothing runs here)."""
     bin_dir, conf_dir, src = dirs
     sites = inst.site_dirs(inst.venv_python())
     monkeypatch.setattr(inst, "site_dirs", lambda _python: [str(ROOT), *sites])
@@ -225,8 +226,9 @@ def test_from_a_wheel_the_plugins_run_a_copy_pip_never_changes(dirs, monkeypatch
         assert (lib / "cni" / "skel.py").read_bytes() == (ROOT / "cni" / "skel.py").read_bytes()
         assert list((lib / "cni" / "__pycache__").glob("skel.*.pyc"))  # compiled
         assert not list(lib_dir.glob(".tmp-*"))
-        # this one and the one the replaced executable ran: execs may still be running it
-        assert sorted(lib_dir.iterdir()) == libs[-2:]
+        # no plugin ran the replaced executable: its copy is gone (test_install_trust: kept
+        # while one does)
+        assert sorted(lib_dir.iterdir()) == libs[-1:]
     proc = subprocess.run([str(bin_dir / "bridge")], input=b'{"cniVersion": "1.0.0"}',
                           env={"CNI_COMMAND": "VERSION"}, capture_output=True, cwd="/")
     assert proc.returncode == 0 and b'"supportedVersions"' in proc.stdout, proc.stderr

@@ -18,7 +18,8 @@ from cni import install as inst
 @click.option("--conf-dir", type=click.Path(path_type=Path), default=inst.DEFAULT_CONF,
               show_default=True, help="Where the runtime reads conflists.")
 @click.option("--conflist", default=inst.DEFAULT_CONFLIST, show_default=True,
-              help="A conflist from conf/ by name (or a path to one); '' writes none.")
+              help="A conflist shipped in conf/ by name, or a file of your own by a path "
+                   "with a / (./my.conflist; root-owned); '' writes none.")
 @click.option("--cni-version", default=None, metavar="VERSION",
               help="Rewrite the conflist's cniVersion: 1.0.0 for containerd 1.6 and 1.7, "
                    "podman 4; 1.1.0 only for runtimes on libcni 1.2+ (containerd 2.0+, "

@@ -1,0 +1,158 @@
+"""What root may read from and write into: only what root owns and no one else can change.
+
+`pycni install` runs as root, and what it reads (the conflist it copies, the template of the
+executables, the interpreter and the sys.path dirs it writes into them) ends up run by root for
+every pod; what it writes into (the bin, conf and units dirs) is what the runtime execs. So every
+such path is walked from / component by component, each symlink followed hop by hop, and every
+component it meets must be:
+
+- owned by root (or by the user running install, when that is not root: a user's own scratch
+  install), symlinks included;
+- not writable by group or others, except a root-owned sticky dir (/tmp) as an ancestor: there
+  no one but root can rename or remove root's entries, and the entry below it must pass the rule
+  itself. A sticky dir is never trusted as the path itself, nor as the dir a missing path would be
+  created in by someone else (a sys.path dir that does not exist yet).
+
+A dir install is about to create (its bin, conf or units dir) is checked through its nearest
+existing ancestor, which may be a sticky dir: install makes each missing dir with mkdir, which
+fails if someone made the name first. Everything is checked before the first write: a refusal
+names the path, its owner and its mode, and leaves everything as it was.
+
+The conflist given by path is opened with O_NOFOLLOW and checked on the open file (fstat), so a
+symlink swapped in after the walk is never followed.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+from pathlib import Path
+
+from cni.install.errors import InstallError
+
+MAX_HOPS = 40  # symlinks followed in one path, as the kernel's ELOOP limit
+
+
+def trusted_uids() -> set[int]:
+    return {0, os.geteuid()}
+
+
+def _owner(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _refuse(what: str, path: str, st: os.stat_result, why: str) -> InstallError:
+    return InstallError(f"{what}: {path} is owned by {_owner(st.st_uid)} with mode "
+                        f"{stat.S_IMODE(st.st_mode):04o}: {why}; install reads and writes only "
+                        f"what root owns and no one else can write (nothing was written)")
+
+
+def _check(what: str, path: str, st: os.stat_result, ancestor: bool) -> None:
+    if st.st_uid not in trusted_uids():
+        raise _refuse(what, path, st, "root must own it")
+    if stat.S_ISLNK(st.st_mode):
+        return  # a link's own mode means nothing; where it points is walked next
+    if st.st_mode & 0o022:
+        sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and st.st_uid == 0
+        if not (ancestor and sticky):
+            raise _refuse(what, path, st, "group or others can write it")
+
+
+def walk(path: Path | str, what: str, *, ancestor: bool = False) -> str:
+    """Check every component of path (absolute, or relative to the cwd) and of every symlink on
+    the way; the real path. ancestor: path is only a dir something below it is looked up in (a
+    root-owned sticky dir passes). InstallError if a component fails or does not exist."""
+    pending = [c for c in os.path.abspath(path).split("/") if c]
+    cur = "/"
+    _check(what, cur, os.lstat(cur), ancestor or bool(pending))
+    hops = 0
+    while pending:
+        name = pending.pop(0)
+        if name == ".":
+            continue
+        if name == "..":
+            cur = os.path.dirname(cur)
+            continue
+        nxt = os.path.join(cur, name)
+        try:
+            st = os.lstat(nxt)
+        except FileNotFoundError:
+            raise InstallError(f"{what}: {nxt} does not exist") from None
+        except OSError as e:
+            raise InstallError(f"{what}: {nxt}: {e.strerror}") from None
+        _check(what, nxt, st, ancestor or bool(pending))
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > MAX_HOPS:
+                raise InstallError(f"{what}: {path}: too many symlinks")
+            target = os.readlink(nxt)
+            if target.startswith("/"):
+                cur = "/"
+            pending = [c for c in target.split("/") if c] + pending
+            continue
+        cur = nxt
+    return cur
+
+
+def check_tree(top: Path, what: str) -> None:
+    """top walked, then every dir and file under it: root's and writable by root alone (the
+    package install copies and compiles; a link in it, as cni/data's in a checkout, walked)."""
+    walk(top, what)
+    for dirpath, dirs, names in os.walk(top):
+        for name in dirs + names:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                _check(what, path, st, ancestor=False)
+                walk(path, what)
+            else:
+                _check(what, path, st, ancestor=False)
+
+
+def walk_dir_to_make(path: Path, what: str) -> None:
+    """A dir install writes into, made by install if missing: the dir itself if it exists, else
+    its nearest existing ancestor, which install makes the rest in (mkdir: fails if taken)."""
+    p = Path(os.path.abspath(path))
+    if p.exists() or p.is_symlink():
+        real = walk(p, what)
+        if not os.path.isdir(real):
+            raise InstallError(f"{what}: {path} is not a directory")
+        return
+    while not (p.exists() or p.is_symlink()):
+        p = p.parent
+    walk(p, what, ancestor=True)
+
+
+def walk_maybe_missing(path: Path | str, what: str) -> None:
+    """A path install names but does not make (a sys.path dir): if it is missing, whoever can
+    make it could put code there, so its nearest existing ancestor must pass as a leaf."""
+    p = Path(os.path.abspath(path))
+    while not (p.exists() or p.is_symlink()):
+        p = p.parent
+    walk(p, what)
+
+
+def read_file(path: Path, what: str) -> bytes:
+    """A file given by path: its dir walked, the file itself opened without following a symlink
+    and checked on the open file, then read."""
+    path = Path(os.path.abspath(path))
+    walk(path.parent, what, ancestor=True)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise InstallError(f"{what}: {path} does not exist") from None
+    except OSError as e:
+        if os.path.islink(path):
+            raise InstallError(f"{what}: {path} is a symlink: give the file's own path") \
+                from None
+        raise InstallError(f"{what}: cannot open {path}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise InstallError(f"{what}: {path} is not a regular file")
+        _check(what, str(path), st, ancestor=False)
+        return f.read()
