@@ -169,7 +169,7 @@ def _argv() -> list[str]:
 
 def spawn(listener: socket.socket, asker: socket.socket) -> Successor:
     """Fork and exec the daemon's command line with the listener as fd 3 and a ready channel as
-    fd 4; the caller watches the channel."""
+    fd 4, and no other fd but 0-2; the caller watches the channel."""
     argv = _argv()
     env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
     env |= {"LISTEN_FDS": "1", HANDOVER_ENV: str(READY_FD)}
