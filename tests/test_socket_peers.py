@@ -237,6 +237,8 @@ def test_nobody_can_neither_bind_nor_reach_nor_use_the_daemons_socket(
     assert base.name.startswith("pycni-daemon-")  # never loosen anything but our own dirs
     for p in (base, home, run_dir):
         p.chmod(0o755)
+    tried = nobody_tries(daemon.socket)  # the socket file's own mode (0600) refuses too
+    assert tried["connect"] == "13" and tried["bind"] in ("13", "98"), tried
     daemon.socket.chmod(0o666)
     code, out = nobody_calls(plugins, pod, daemon.env)
     assert code == 1 and out["code"] == proto.TRY_AGAIN_LATER, out

@@ -170,7 +170,10 @@ def call_daemon(plugin: str, stdin: bytes, path: str) -> Reply | NotRun:
             sock.connect(path)
         except OSError as e:  # missing, refused, not allowed, backlog full: no daemon for us
             return f"connect: {e.strerror or e}"
-        uid = peer_uid(sock)
+        try:
+            uid = peer_uid(sock)
+        except OSError as e:
+            return f"cannot tell who listens: {e.strerror or e}"
         if uid != 0:  # whoever could bind the path (a directory others may write): not ours
             return f"the socket's listener runs as uid {uid}, not root"
         if not _send(sock, data, fds):
