@@ -155,8 +155,9 @@ def test_no_daemon_with_the_fallback_off_is_error_11_naming_the_socket(tmp_path,
     err = json.loads(out)
     assert code == 1 and err["code"] == proto.TRY_AGAIN_LATER, err
     assert err["cniVersion"] == "1.1.0"
-    assert err["msg"] == (f"no pycni daemon took the request on {sock}, and "
-                          f"{proto.FALLBACK_ENV}=0 forbids running it in-process")
+    assert err["msg"] == (f"no pycni daemon took the request on {sock} (connect: No such file "
+                          f"or directory), and {proto.FALLBACK_ENV}=0 forbids running it "
+                          "in-process")
     assert not {"cni.skel", "cni.plugins.loopback"} & modules
     code, out, _ = run_probe(tmp_path, "loopback", env | {"CNI_COMMAND": "VERSION"}, stdin)
     assert code == 0 and json.loads(out)["cniVersion"] == "1.1.0"

@@ -164,7 +164,7 @@ def _argv() -> list[str]:
 
 def spawn(listener: socket.socket, asker: socket.socket) -> Successor:
     """Fork and exec the daemon's command line with the listener as fd 3 and a ready channel as
-    fd 4; the caller watches the channel."""
+    fd 4, and no other fd but 0-2; the caller watches the channel."""
     argv = _argv()
     env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
     env |= {"LISTEN_FDS": "1", HANDOVER_ENV: str(READY_FD)}
@@ -172,10 +172,17 @@ def spawn(listener: socket.socket, asker: socket.socket) -> Successor:
     pid = os.fork()
     if pid == 0:  # nothing but fd moves and exec here: the loop's state is the parent's
         try:
-            listen = fcntl.fcntl(listener.fileno(), fcntl.F_DUPFD, 10)  # clear of fds 3 and 4
-            ready = fcntl.fcntl(theirs.fileno(), fcntl.F_DUPFD, 10)
-            os.dup2(listen, LISTEN_FD)  # inheritable: it survives the exec
+            # Copies clear of fds 3 and 4 (either may be taken: a successor's own listener is
+            # fd 3), close-on-exec: only the dup2'd fds 3 and 4 are inheritable.
+            listen = fcntl.fcntl(listener.fileno(), fcntl.F_DUPFD_CLOEXEC, 10)
+            ready = fcntl.fcntl(theirs.fileno(), fcntl.F_DUPFD_CLOEXEC, 10)
+            os.dup2(listen, LISTEN_FD)
             os.dup2(ready, READY_FD)
+            # Nothing else goes along, whatever a library left inheritable (libnftables'
+            # netlink socket, a stray copy from an older daemon's handover): every fd a
+            # successor gets beyond 0-2 stays in its process for life, and each copy of the
+            # listener keeps a stopped daemon's queued connections from being reset.
+            os.closerange(READY_FD + 1, _fd_limit())
             env["LISTEN_PID"] = str(os.getpid())
             os.execve(argv[0], argv, env)
         finally:
@@ -183,6 +190,13 @@ def spawn(listener: socket.socket, asker: socket.socket) -> Successor:
     theirs.close()
     ours.setblocking(False)
     return Successor(pid, ours, asker, time.monotonic() + READY_TIMEOUT)
+
+
+def _fd_limit() -> int:
+    try:
+        return os.sysconf("SC_OPEN_MAX")  # closerange's end: close_range(2) on Linux, one call
+    except (OSError, ValueError):
+        return 1 << 20
 
 
 def _answer(conn: socket.socket, code: int, text: str) -> None:

@@ -1,7 +1,13 @@
 """The daemon's parent process: accepts connections, reads requests without blocking (each with
 a deadline), queues them, one at a time per attachment, hands each to a spare (pool.py) or a
 child forked for it, and answers for a child that times out, crashes or loses its caller. See
-docs/DESIGN.md for the request's whole path."""
+docs/DESIGN.md for the request's whole path.
+
+Stopping (SIGTERM: systemd's stop; or handed over, handover.py) drains: no accept, every request
+accepted still runs, and the drain is bounded (drain_bound: --timeout + the read timeout, 130 s
+by default): a request started during the drain (it waited for its attachment) gets the rest of
+it, not a full --timeout. conf/pycni.service's TimeoutStopSec exceeds it, so systemd never kills
+a request mid-run, and the shim's ACCEPT_TIMEOUT exceeds stop + start (shim.py)."""
 
 from __future__ import annotations
 
@@ -31,6 +37,12 @@ log = logging.getLogger("pycni.daemon")
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
+def drain_bound(opts: Options) -> float:
+    """How long a stopping daemon runs what it accepted, at most: a request still arriving
+    (read_timeout) and then running (timeout)."""
+    return opts.timeout + opts.read_timeout
+
+
 class Server:
     def __init__(self, listener: socket.socket, opts: Options, runner: Runner | None = None,
                  owned_path: str | None = None) -> None:
@@ -46,6 +58,7 @@ class Server:
         # attachment -> pids of its running jobs: one, plus the nested calls it made itself
         self.busy: dict[tuple[str, str], set[int]] = {}
         self.stopping = False
+        self.drain_deadline = float("inf")  # set by stop(): every accepted request ends by it
         self.signals = 0  # SIGTERM/SIGINT seen; acted on in the loop, never inside the handler
         self.wake_r, self.wake_w = socket.socketpair()
         self.pool = SparePool(opts, self.sel, self._fork, runner, self._spare_back)
@@ -125,6 +138,7 @@ class Server:
         log.info("pycni daemon: %s: stopping, finishing %d accepted requests", why, accepted)
         sd_notify(f"STOPPING=1\nSTATUS=finishing {accepted} accepted requests")
         self.stopping = True
+        self.drain_deadline = time.monotonic() + drain_bound(self.opts)
         self.handover.cancel("the daemon is stopping")
         self._close_listener()
         self.pool.stop()
@@ -339,8 +353,9 @@ class Server:
 
     def _started(self, pid: int, ready: Ready, stdin: bytes) -> None:
         close_all(ready.fds)
-        job = Job(pid, ready.conn, time.monotonic() + self.opts.timeout, ready.label, stdin,
-                  ready.key, received=ready.received)
+        deadline = min(time.monotonic() + self.opts.timeout, self.drain_deadline)
+        job = Job(pid, ready.conn, deadline, ready.label, stdin, ready.key,
+                  received=ready.received)
         self.jobs[pid] = job
         if job.key is not None:
             self.busy.setdefault(job.key, set()).add(pid)
@@ -443,7 +458,9 @@ class Server:
             self.sel.unregister(job.conn)
             job.watched = False
         if code not in (0, EXIT_NOT_STARTED) and not job.abandoned:
-            if job.timed_out:
+            if job.timed_out and job.deadline >= self.drain_deadline:
+                why, err = "stopped: the daemon's drain ended (it stops)", proto.TRY_AGAIN_LATER
+            elif job.timed_out:
                 why, err = f"timed out after {self.opts.timeout:g}s", proto.TRY_AGAIN_LATER
             elif code < 0:
                 why, err = f"crashed (signal {-code})", proto.INTERNAL

@@ -5,9 +5,24 @@ the daemon path only: VERSION does not import it).
   than the interpreter's own start-up); anything unusual on stdin is left to skel.
 - DEL with an empty CNI_NETNS of an attachment a DEL already cleaned (cni.deleted): success.
 - ADD/CHECK/DEL/GC/STATUS: sent to the daemon (protocol.py) with the netns fd and the caller's
-  namespaces; its reply is relayed as is.
-- Everything else, and any request the daemon never accepted: skel.run in-process, same result
-  (unless PYCNI_SHIM_FALLBACK=0: then error 11 naming the socket, see no_daemon).
+  namespaces, once SO_PEERCRED shows root listens on the socket (a listener of another uid
+  gets nothing: not the request, its environment, nor root's namespaces); its reply is relayed
+  as is.
+- Everything else, and any request the daemon never accepted (no ACK: nothing ran; a refusal
+  is a reply without ACK): skel.run in-process, same result (unless PYCNI_SHIM_FALLBACK=0:
+  then error 11 naming the socket and why, see no_daemon).
+
+How long the shim waits for the ACK (ACCEPT_TIMEOUT): a request sits in the socket's backlog
+while the daemon restarts (systemd: `systemctl restart pycni.service` after an upgrade, the
+socket unit holding the socket), and after accept it may wait for a request running on its
+attachment. The longest of these is a restart: the old daemon's stop (it runs what it accepted:
+server.py's drain, at most --timeout + the request read timeout, 130 s, and systemd's
+TimeoutStopSec=150 in conf/pycni.service kills what is left) and the new one's start (imports
+and warm-up, at most TimeoutStartSec=120, as a handover's successor: handover.READY_TIMEOUT).
+ACCEPT_TIMEOUT exceeds their sum, so no call made during an upgrade times out here. (A handover
+without systemd keeps a request in the backlog for no time: the old daemon accepts until its
+successor serves.) Waiting long costs nothing: a runtime that gives up kills the shim, and the
+daemon never starts a request whose caller hung up.
 
 posix, not os: os is posix with Python around it, and importing it (os.environ decoding every
 variable, _collections_abc, stat, posixpath) costs 1-2 ms of CPU, a fifth of the shim's own; the
@@ -23,11 +38,13 @@ DAEMON_COMMANDS = ("ADD", "CHECK", "DEL", "GC", "STATUS")
 SUPPORTED = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 CURRENT = "1.1.0"
 MAX_STDIN = 16 * 1024 * 1024
-# How long a daemon may take to accept a request (it may be starting: socket activation).
-ACCEPT_TIMEOUT = 60.0
+# How long a daemon may take to accept (ACK) a request: a systemd restart's stop and start
+# (TimeoutStopSec=150 + TimeoutStartSec=120 in conf/pycni.service) and a margin; see above.
+ACCEPT_TIMEOUT = 300.0
 _JSON_WS = b" \t\n\r"
 
 Reply = tuple[bytes, bytes, int]  # stdout, stderr, exit code
+NotRun = str  # why the daemon did not take a request (nothing ran): for no_daemon's message
 
 
 def main(argv0: str) -> int:
@@ -44,9 +61,11 @@ def main(argv0: str) -> int:
         from cni.fast import protocol as proto  # off VERSION's path: it loads _struct
 
         path = getenv(proto.SOCKET_ENV) or proto.DEFAULT_SOCKET
-        reply = call_daemon(plugin, stdin, path)
-        if reply is None and getenv(proto.FALLBACK_ENV) == "0":
-            reply = no_daemon(stdin, path)
+        answer = call_daemon(plugin, stdin, path)
+        if not isinstance(answer, str):
+            reply = answer
+        elif getenv(proto.FALLBACK_ENV) == "0":
+            reply = no_daemon(stdin, path, answer)
     if reply is None:
         reply = in_process(plugin, stdin)
     write(1, reply[0])
@@ -136,8 +155,8 @@ def asked_version(stdin: bytes, speaks: tuple[str, ...] = SUPPORTED) -> str | No
 
 # --- the daemon ---------------------------------------------------------------------------------
 
-def call_daemon(plugin: str, stdin: bytes, path: str) -> Reply | None:
-    """The daemon's reply, or None when it never accepted the request (then nothing ran)."""
+def call_daemon(plugin: str, stdin: bytes, path: str) -> Reply | NotRun:
+    """The daemon's reply, or why it never accepted the request (then nothing ran)."""
     import _socket
 
     # Built before connecting: the request is then in the socket the moment the daemon
@@ -149,15 +168,29 @@ def call_daemon(plugin: str, stdin: bytes, path: str) -> Reply | None:
         sock.settimeout(ACCEPT_TIMEOUT)
         try:
             sock.connect(path)
-        except OSError:
-            return None  # missing, refused, not allowed, backlog full: no daemon for us
+        except OSError as e:  # missing, refused, not allowed, backlog full: no daemon for us
+            return f"connect: {e.strerror or e}"
+        try:
+            uid = peer_uid(sock)
+        except OSError as e:
+            return f"cannot tell who listens: {e.strerror or e}"
+        if uid != 0:  # whoever could bind the path (a directory others may write): not ours
+            return f"the socket's listener runs as uid {uid}, not root"
         if not _send(sock, data, fds):
-            return None
+            return "the daemon hung up before it took the request"
         return _receive(sock, stdin)
     finally:
         sock.close()
         for fd in fds:
             posix.close(fd)
+
+
+def peer_uid(sock) -> int:
+    """The listener's uid (SO_PEERCRED: struct ucred's pid, uid, gid, each a native int)."""
+    import _socket
+
+    cred = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+    return int.from_bytes(cred[4:8], sys.byteorder)
 
 
 def _request(plugin: str, stdin: bytes, roles: int) -> bytes:
@@ -216,7 +249,7 @@ def open_netns(path: str) -> int | None:
         return None
 
 
-def _receive(sock, stdin: bytes) -> Reply | None:
+def _receive(sock, stdin: bytes) -> Reply | NotRun:
     from cni.fast import protocol as proto
 
     try:
@@ -224,19 +257,35 @@ def _receive(sock, stdin: bytes) -> Reply | None:
     except TimeoutError:
         # It has the whole request and may still start it: never run it a second time here.
         return lost(stdin, "the pycni daemon did not accept the request in time")
-    except OSError:
-        return None  # reset before the ACK: not run
+    except OSError as e:
+        return f"it reset the connection before it took the request: {e.strerror or e}"
     if first == b"":
-        return None  # closed before the ACK (shutting down, restarting): not run
+        return "it closed the connection before it took the request"  # stopping: not run
+    if first == proto.REPLY:
+        return _refusal(sock)  # an answer without ACK: the daemon refused, nothing ran
     sock.settimeout(None)  # accepted: the daemon's own timeout bounds the run
-    head = first if first == proto.REPLY else b""
     try:
-        head += _read_exact(sock, proto.REPLY_PREFIX - len(head))
+        head = _read_exact(sock, proto.REPLY_PREFIX)
         code, out_len, err_len = proto.reply_sizes(head)
         body = _read_exact(sock, out_len + err_len)
     except (OSError, ValueError, EOFError):
         return lost(stdin, "the pycni daemon stopped while running the request")
     return body[:out_len], body[out_len:], code
+
+
+def _refusal(sock) -> NotRun:
+    """Why the daemon refused (its CNI error's msg), as far as it could be read."""
+    import json
+
+    from cni.fast import protocol as proto
+
+    try:
+        head = proto.REPLY + _read_exact(sock, proto.REPLY_PREFIX - 1)
+        _, out_len, _ = proto.reply_sizes(head)
+        why = json.loads(_read_exact(sock, min(out_len, 1 << 16)))["msg"]
+    except (OSError, ValueError, EOFError, TypeError, KeyError):
+        why = "(unreadable)"
+    return f"it refused the request: {why}"
 
 
 def _read_exact(sock, size: int) -> bytes:
@@ -257,14 +306,16 @@ def lost(stdin: bytes, why: str) -> Reply:
     return proto.error_reply(proto.TRY_AGAIN_LATER, why, stdin), b"", 1
 
 
-def no_daemon(stdin: bytes, path: str) -> Reply:
+def no_daemon(stdin: bytes, path: str, why: str) -> Reply:
     """No daemon took the request and the fallback is off: 11 (try again later), because it
     provably did not run (no ACK) and a daemon that is restarting or socket-activated will
-    take the retry; 5 (I/O) would tell the runtime the failure is final."""
+    take the retry; 5 (I/O) would tell the runtime the failure is final. A daemon's refusal
+    too: its own error is 5, but it ran nothing, and the runtime's retry may find a daemon that
+    takes the request (a successor; a root listener in place of a stranger's)."""
     from cni.fast import protocol as proto
 
-    why = (f"no pycni daemon took the request on {path}, and {proto.FALLBACK_ENV}=0 forbids "
-           "running it in-process")
+    why = (f"no pycni daemon took the request on {path} ({why}), and {proto.FALLBACK_ENV}=0 "
+           "forbids running it in-process")
     return proto.error_reply(proto.TRY_AGAIN_LATER, why, stdin), b"", 1
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 
 from cni.fast import protocol as proto
 
@@ -21,11 +22,14 @@ def socket_path(path: str | None = None) -> str:
 
 def ask(magic: bytes, path: str | None = None, timeout: float = 2.0) -> tuple[int, bytes] | None:
     """Send a query the daemon answers itself (STATUS_MAGIC, HANDOVER_MAGIC): its reply's code
-    and stdout; None if nothing answers a pycni reply on the socket."""
+    and stdout; None if nothing answers a pycni reply on the socket, or if what listens there
+    is not root's (sent nothing)."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as s:
             s.settimeout(timeout)
             s.connect(socket_path(path))
+            if peer_uid(s) != 0:  # whoever could bind the path: nothing it says is an answer
+                return None
             s.sendall(magic)
             answer = _read_all(s)
     except OSError:
@@ -35,6 +39,12 @@ def ask(magic: bytes, path: str | None = None, timeout: float = 2.0) -> tuple[in
     except ValueError:
         return None
     return code, answer[proto.REPLY_PREFIX:proto.REPLY_PREFIX + out_len]
+
+
+def peer_uid(s: socket.socket) -> int:
+    """The uid of the process listening on the socket (SO_PEERCRED: pid, uid, gid)."""
+    cred = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    return int.from_bytes(cred[4:8], sys.byteorder)
 
 
 def query(socket_path: str | None = None, timeout: float = 2.0) -> dict | None:
