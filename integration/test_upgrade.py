@@ -373,6 +373,9 @@ def test_upgrade_under_live_pods(node_netns, oci_image, pause_image, tmp_path, v
             waiter = held.start()
             assert held.proc is not None and held.proc.poll() is None, held.release()
             assert descends_from(waiter, before["pid"]), (waiter, before)  # N's child waits
+            holding = status.query(sock, timeout=30)  # N counts it started, not answered
+            assert holding is not None and holding["pid"] == before["pid"], holding
+            assert holding["started"] > holding["answered"], holding
             said = at_once(install, install)
             assert [s for s in said if not isinstance(s, str)] == [], "\n".join(
                 ["installs:", *map(str, said), "exec failures:", *execs.failures])
