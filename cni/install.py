@@ -53,6 +53,7 @@ BACKUPS = ".pycni-backup"
 MARKER = "pycni-multicall"
 ROOT_TAG = "# pycni:root"
 PATH_TAG = "# pycni:path"
+PLUGINS_TAG = "# pycni:plugins"
 DEFAULT_BIN = Path("/opt/cni/bin")
 DEFAULT_CONF = Path("/etc/cni/net.d")
 DEFAULT_CONFLIST = "10-pycni.conflist"
@@ -92,6 +93,7 @@ class Manifest:
     created_dirs: list[str] = field(default_factory=list)
     systemd: bool = False  # units were installed and enabled: uninstall disables them
     lib: str = ""  # the copy of the package the executables run (plugin_lib), if installed
+    plugins: dict[str, str] = field(default_factory=dict)  # entry-point plugins linked: target
 
     @classmethod
     def load(cls, bin_dir: Path) -> Manifest | None:
@@ -102,12 +104,13 @@ class Manifest:
         return cls(bin_dir=raw["bin_dir"], root=raw.get("root", ""), python=raw.get("python", ""),
                    entries=[Entry(**e) for e in raw.get("entries", [])],
                    created_dirs=list(raw.get("created_dirs", [])),
-                   systemd=bool(raw.get("systemd", False)), lib=raw.get("lib", ""))
+                   systemd=bool(raw.get("systemd", False)), lib=raw.get("lib", ""),
+                   plugins=dict(raw.get("plugins", {})))
 
     def save(self) -> None:
         data = {"bin_dir": self.bin_dir, "root": self.root, "python": self.python,
                 "entries": [vars(e) for e in self.entries], "created_dirs": self.created_dirs,
-                "systemd": self.systemd, "lib": self.lib}
+                "systemd": self.systemd, "lib": self.lib, "plugins": self.plugins}
         _atomic_write(Path(self.bin_dir) / MANIFEST, json.dumps(data, indent=2).encode() + b"\n",
                       0o644)
 
@@ -158,11 +161,13 @@ def site_dirs(python: Path) -> list[str]:
 
 
 def render_multicall(python: Path, root: Path, source: str | None = None,
-                     sites: list[str] | None = None) -> bytes:
+                     sites: list[str] | None = None,
+                     plugins: dict[str, tuple[str, str]] | None = None) -> bytes:
     """bin/cni-plugin rewritten for an installed copy: direct shebang, absolute root, and the
     dependencies' dirs (sites, default site_dirs(python)) after the stdlib. A checkout's root
     comes first, as in bin/; a root that is itself a site dir (a wheel) goes last with the rest,
-    so nothing installed there can shadow the stdlib modules the shim imports."""
+    so nothing installed there can shadow the stdlib modules the shim imports. `plugins` (see
+    plugin_table) is baked in as cni.registry.INSTALLED."""
     text = SOURCE.read_text() if source is None else source
     shebang = f"#!{python} -IS"
     if len(shebang) > SHEBANG_MAX or " " in str(python):
@@ -180,6 +185,9 @@ def render_multicall(python: Path, root: Path, source: str | None = None,
         if ROOT_TAG in line and line.lstrip().startswith("_root"):
             line = f"_root = {str(root)!r}  {ROOT_TAG}"
             saw_root = True
+        elif line.endswith(PLUGINS_TAG):
+            line = f"registry.INSTALLED.update({dict(sorted((plugins or {}).items()))!r})  " \
+                f"{PLUGINS_TAG}"
         elif line.endswith(PATH_TAG):
             if not saw_path:
                 out += [f"{p}  {PATH_TAG}" for p in paths]
@@ -191,6 +199,23 @@ def render_multicall(python: Path, root: Path, source: str | None = None,
         raise InstallError(f"{SOURCE} lacks the {MARKER!r} marker or the {ROOT_TAG!r} or "
                            f"{PATH_TAG!r} lines")
     return body.encode()
+
+
+def plugin_table() -> tuple[dict[str, tuple[str, str]], dict[str, str]]:
+    """The entry-point plugins to link (cni.registry.discover), each imported once to read the
+    versions it speaks: name -> (target, its SUPPORTED_FROM or ""); and those skipped: name ->
+    why (refused by the registry, or failing to import)."""
+    from cni import skel
+
+    table, skipped = {}, {}
+    for name, target in registry.discover(refresh=True).items():
+        try:
+            skel.load(name)
+        except Exception as e:  # the others are still linked
+            skipped[name] = f"importing {target} failed: {type(e).__name__}: {e}"
+            continue
+        table[name] = (target, registry.SUPPORTED_FROM.get(name, ""))
+    return table, {**registry.REFUSED, **skipped}
 
 
 def _in_site(root: Path, sites: list[str]) -> bool:
@@ -260,10 +285,15 @@ def render_unit(name: str, python: Path) -> bytes:
 def plan(bin_dir: Path, conf_dir: Path | None, conflist: str | None,
          cni_version: str | None = None, python: Path | None = None,
          units_dir: Path | None = None, root: Path = ROOT,
-         sites: list[str] | None = None) -> list[Planned]:
+         sites: list[str] | None = None,
+         plugins: dict[str, tuple[str, str]] | None = None) -> list[Planned]:
+    """What install writes; `plugins`, the entry-point plugins (plugin_table), are linked too."""
     python = python or venv_python()
-    items = [Planned(bin_dir / MULTICALL, "file", render_multicall(python, root, sites=sites))]
-    items += [Planned(bin_dir / name, "symlink", target=MULTICALL) for name in registry.NAMES]
+    plugins = plugins or {}
+    items = [Planned(bin_dir / MULTICALL, "file",
+                     render_multicall(python, root, sites=sites, plugins=plugins))]
+    items += [Planned(bin_dir / name, "symlink", target=MULTICALL)
+              for name in (*registry.NAMES, *sorted(plugins))]
     if conf_dir is not None and conflist:
         src = conflist_source(conflist)
         items.append(Planned(conf_dir / src.name, "file", render_conflist(src, cni_version),
@@ -286,8 +316,9 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
     sites = site_dirs(python)
     # Installed from a wheel, the executables run a copy pip never changes (plugin_lib).
     lib = plugin_lib.path_for(bin_dir, PACKAGE, __version__) if _in_site(ROOT, sites) else None
+    table, skipped = plugin_table()
     items = plan(bin_dir, conf_dir, conflist, cni_version, python, units_dir,
-                 root=lib or ROOT, sites=sites)
+                 root=lib or ROOT, sites=sites, plugins=table)
     old = Manifest.load(bin_dir)
     conflicts = [it.path for it in items
                  if (it.path.exists() or it.path.is_symlink()) and not it.same_as_disk()
@@ -300,7 +331,8 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
     manifest.root, manifest.python = str(ROOT), str(python)
     for d in filter(None, (bin_dir, conf_dir, units_dir)):
         manifest.created_dirs += [str(p) for p in _make_dirs(d)]
-    done = []
+    done = [f"skipped plugin {name}: {why}" for name, why in sorted(skipped.items())]
+    manifest.plugins = {name: target for name, (target, _) in table.items()}
     if lib is not None:
         if plugin_lib.make(lib, PACKAGE, python):
             done.append(f"copied {PACKAGE} to {lib} (what the plugins run)")
@@ -325,6 +357,7 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
         manifest.entries = [e for e in manifest.entries if e.path != new.path] + [new]
         done.append(f"wrote {it.path}")
         manifest.save()  # after each file: an interrupted install can still be uninstalled
+    done += _unlink_dropped(manifest, {str(it.path) for it in items})
     manifest.save()
     if lib is not None:  # execs still running the replaced executable may need its copy
         done += [f"removed {d}" for d in plugin_lib.prune(lib.parent, {str(lib), previous})]
@@ -340,6 +373,22 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
         done.append("enabled pycni.socket (the first plugin call starts pycni.service)")
     else:
         done.append(_daemon_takes_up_new_code())
+    return done
+
+
+def _unlink_dropped(manifest: Manifest, planned: set[str]) -> list[str]:
+    """A plugin name an earlier install linked and this one does not (its package is gone):
+    removed, as uninstall would (what was there before it restored)."""
+    done = []
+    for e in [e for e in manifest.entries if e.kind == "symlink" and e.target == MULTICALL
+              and e.path not in planned]:
+        path = Path(e.path)
+        if e.matches_disk():
+            path.unlink()
+            done.append(f"removed {path} (no such plugin any more)")
+            if e.backup and Path(e.backup).exists():
+                os.replace(e.backup, path)
+        manifest.entries.remove(e)
     return done
 
 
@@ -468,4 +517,4 @@ def _digest(data: bytes) -> str:
 def describe(manifest: Manifest) -> dict[str, Any]:
     """The manifest as `pycni doctor` shows it."""
     return {"root": manifest.root, "python": manifest.python,
-            "files": [e.path for e in manifest.entries]}
+            "files": [e.path for e in manifest.entries], "plugins": manifest.plugins}
