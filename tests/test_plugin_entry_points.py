@@ -231,3 +231,15 @@ def test_builtins_resolve_through_the_registry_and_pyproject_declares_them() -> 
     assert registry.discover(refresh=True) == {} and registry.REFUSED == {}
     for name, target in registry.PLUGINS.items():
         assert registry.target(name) == target
+
+
+def test_attachments_name_the_entry_point_plugins_of_a_chain(fake_dists) -> None:
+    """`pycni attachments` shows which of a chain's plugins are entry points (what they made is
+    theirs to report, not judged by pycni)."""
+    from cni import attachments
+
+    fake_dists("greeter-dist", {"greeter": "greeter_mod:Greeter"}, {"greeter_mod": CLASS_PLUGIN})
+    chain = [{"type": "bridge", "IPAM": {"Type": "greeter"}}, {"type": "portmap"}]
+    assert attachments._entry_point_plugins(chain) == ["greeter"]
+    att = attachments.Attachment("net", "c1", "eth0", plugins=["greeter"])
+    assert att.owns() == ["plugin:greeter"] and att.to_json()["plugins"] == ["greeter"]
