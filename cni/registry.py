@@ -59,12 +59,18 @@ def note_supported_from(plugin: str, first: object) -> None:
 
 def target(plugin: str) -> str | None:
     """What implements `plugin` ("module" or "module:object"); None if nothing does. Reads the
-    entry points only for a name neither PLUGINS nor INSTALLED knows."""
+    entry points only for a name neither PLUGINS nor INSTALLED knows; again if the findings are
+    older than this call and lack it (a package installed since the daemon started: its child
+    finds it, the next daemon start preloads it)."""
     if plugin in PLUGINS:
         return PLUGINS[plugin]
     if plugin in INSTALLED:
         return INSTALLED[plugin][0]
-    return discover().get(plugin)
+    fresh = _found is None
+    found = discover()
+    if plugin not in found and not fresh:
+        found = discover(refresh=True)
+    return found.get(plugin)
 
 
 def plugins() -> dict[str, str]:

@@ -243,3 +243,17 @@ def test_attachments_name_the_entry_point_plugins_of_a_chain(fake_dists) -> None
     assert attachments._entry_point_plugins(chain) == ["greeter"]
     att = attachments.Attachment("net", "c1", "eth0", plugins=["greeter"])
     assert att.owns() == ["plugin:greeter"] and att.to_json()["plugins"] == ["greeter"]
+
+
+def test_a_plugin_installed_after_discovery_is_found_on_its_first_request(fake_dists) -> None:
+    """The daemon discovered at start; a package pip-installed since is found by the request
+    for it (one metadata read), not refused as unknown until a restart."""
+    fake_dists("early", {"tiny": "tiny_mod"}, {"tiny_mod": MODULE_PLUGIN})
+    assert "greeter" not in registry.discover()
+    site = fake_dists("late", {"greeter": "greeter_mod:Greeter"}, {"greeter_mod": CLASS_PLUGIN})
+    registry._found = {"tiny": "tiny_mod"}  # as the daemon's start left it
+    assert (site / "greeter_mod.py").is_file()
+    reply = skel.run("greeter", {**ENV, "CNI_COMMAND": "ADD"}, conf("1.0.0", "greeter"))
+    assert reply.code == 0, reply
+    reply = skel.run("nosuch", {**ENV, "CNI_COMMAND": "ADD"}, conf("1.0.0", "nosuch"))
+    assert json.loads(reply.stdout)["msg"] == 'unknown plugin "nosuch"'
