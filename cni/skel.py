@@ -188,8 +188,8 @@ _loaded: dict[str, Any] = {}  # plugin -> its module or object, once imported
 
 def load(plugin: str) -> Any:
     """The module or object implementing `plugin` (cni.registry: built-in, installed or entry
-    point); a class is instantiated once. CNI error 999 if nothing does, 4 if a built-in's
-    module is not there."""
+    point); a class is instantiated once. CNI error 999 if nothing does, 50 if its module is
+    not there or the daemon found it failing to import (cni.registry.REFUSED)."""
     if plugin in _loaded:
         return _loaded[plugin]
     if plugin not in registry.PLUGINS and plugin in registry.REFUSED:  # the daemon's finding
