@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +35,9 @@ GATEWAY = "10.89.0.1"
 def venv(tmp_path_factory) -> wheels.Venv:
     dist = tmp_path_factory.mktemp("dist")
     _, pycni_wheel = wheels.build(dist / "pycni")
-    example_wheel = wheels.build_wheel(dist / "example", EXAMPLE)
+    src = dist / "example-src"  # a copy: setuptools leaves build/ and egg-info in the source
+    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    example_wheel = wheels.build_wheel(dist / "example", src)
     assert example_wheel.name.startswith("pycni_static_ipam-0.1.0-")
     v = wheels.make_venv(tmp_path_factory.mktemp("plugin-venv") / "venv", pycni_wheel)
     v.install(example_wheel)
