@@ -50,6 +50,8 @@ class Attachment:
     hostPort: dict[str, int] | None = None  # rules (DNAT and masquerade), records
     spoofCheck: str | None = None  # the chain cni-br-iface-<ref>
     missing: list[str] = field(default_factory=list)  # pieces a live pod lacks
+    # entry-point plugins in its chain (main or IPAM): what they made is theirs, not judged here
+    plugins: list[str] = field(default_factory=list)
     expects: set[str] = field(default_factory=set)
 
     def owns(self) -> list[str]:
@@ -69,6 +71,7 @@ class Attachment:
             out.append(f"hostport:{self.hostPort['rules']}")
         if self.spoofCheck:
             out.append("spoofchk")
+        out += [f"plugin:{name}" for name in self.plugins]
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -110,6 +113,7 @@ class Node:
             plugins = _plugins_of(cached)
             self.networks.setdefault(cached.network, plugins)
             att.expects = _expected(plugins, cached)
+            att.plugins = _entry_point_plugins(plugins)
             veth = _host_veth(result, plugins)
             if veth:
                 att.hostVeth = {"name": veth, "present": False}
@@ -305,6 +309,17 @@ def _plugins_of(cached: CachedAttachment) -> list[dict[str, Any]]:
         return []
     plugins = data.get("plugins") if "plugins" in data else [data]
     return [p for p in plugins or [] if isinstance(p, dict)]
+
+
+def _entry_point_plugins(plugins: list[dict[str, Any]]) -> list[str]:
+    """The chain's types (and IPAM types) that entry-point plugins serve (cni.registry)."""
+    from cni import registry
+
+    served = registry.discover()
+    types = [p.get("type") for p in plugins]
+    types += [keys.get(ipam, "type") for p in plugins
+              if isinstance(ipam := keys.get(p, "ipam"), dict)]
+    return [t for t in dict.fromkeys(types) if isinstance(t, str) and t in served]
 
 
 def _plugin(plugins: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from cni import __version__
+from cni import __version__, registry
 from cni import install as inst
 from cni.fast import status
 from cni.fast.protocol import DEFAULT_SOCKET, SOCKET_ENV
@@ -298,6 +298,35 @@ def daemon_status_findings(path: str) -> list[Finding]:
                            "(slower)", "see the daemon's log for why its spares exit"))
     else:
         out.append(Finding(OK, "daemon spares", detail))
+    for name, why in sorted(figures.get("plugins", {}).get("refused", {}).items()):
+        out.append(Finding(WARN, f"daemon plugin {name}", f"not served: {why}",
+                           "fix or remove the package declaring it, then restart the daemon"))
+    return out
+
+
+def plugin_findings(bin_dir: Path | None = None) -> list[Finding]:
+    """The entry-point plugins (cni.registry.discover), each imported as the daemon would; with
+    bin_dir, whether install linked it there."""
+    from cni import skel
+
+    try:
+        found = registry.discover(refresh=True)
+    except Exception as e:  # noqa: BLE001 - unreadable metadata
+        return [Finding(WARN, f"{registry.GROUP} entry points", f"unreadable: {e}", REINSTALL)]
+    out = [Finding(WARN, f"plugin {name}", why, "fix or remove the package declaring it")
+           for name, why in sorted(registry.REFUSED.items())]
+    for name, target in sorted(found.items()):
+        try:
+            skel.load(name)
+        except Exception as e:  # noqa: BLE001 - the daemon would refuse it the same way
+            out.append(Finding(WARN, f"plugin {name}", f"importing {target} failed: "
+                               f"{type(e).__name__}: {e}", "fix or remove its package"))
+            continue
+        if bin_dir is not None and not (bin_dir / name).exists():
+            out.append(Finding(WARN, f"plugin {name}", f"{target}, not in {bin_dir}",
+                               f"pycni install --bin-dir {bin_dir}"))
+        else:
+            out.append(Finding(OK, f"plugin {name}", target))
     return out
 
 
@@ -367,7 +396,7 @@ def _conflist_findings(bin_dir: Path, conf_dir: Path) -> list[Finding]:
 def run_all(bin_dir: Path, conf_dir: Path) -> list[Finding]:
     groups: list[Callable[[], list[Finding]]] = [
         python_findings, kernel_findings, sysctl_findings, dir_findings, daemon_findings,
-        lambda: install_findings(bin_dir, conf_dir)]
+        lambda: install_findings(bin_dir, conf_dir), lambda: plugin_findings(bin_dir)]
     out = []
     if os.geteuid() != 0:
         out.append(Finding(WARN, "running as uid " + str(os.geteuid()), "plugins run as root",

@@ -117,7 +117,7 @@ def run(plugin: str, env: Mapping[str, str], stdin: bytes, netns: int | None = N
             raise CNIError(Code.DECODING_FAILURE, "cniVersion must be a string")
         versions.require_supported(version, versions.SUPPORTED)
         if command != "DEL":  # DEL at any version we know: a chain's DEL must not stop here
-            versions.require_supported(version, registry.supported(plugin, versions.SUPPORTED))
+            versions.require_supported(version, speaks(plugin))
         _gate(command, version)
         _check_name(config)
         prev, prev_native = config.get("prevResult"), False
@@ -183,36 +183,66 @@ def require_printable(result: dict | None, version: str, passthrough: bool = Fal
         from_current(result, version, passthrough)
 
 
-def load(plugin: str):
-    name = registry.PLUGINS.get(plugin)
-    if name is None:
+_loaded: dict[str, Any] = {}  # plugin -> its module or object, once imported
+
+
+def load(plugin: str) -> Any:
+    """The module or object implementing `plugin` (cni.registry: built-in, installed or entry
+    point); a class is instantiated once. CNI error 999 if nothing does, 50 if its module is
+    not there or the daemon found it failing to import (cni.registry.REFUSED)."""
+    if plugin in _loaded:
+        return _loaded[plugin]
+    if plugin not in registry.PLUGINS and plugin in registry.REFUSED:  # the daemon's finding
+        raise CNIError(Code.NOT_AVAILABLE,
+                       f"plugin {plugin} is not served: {registry.REFUSED[plugin]}")
+    target = registry.target(plugin)
+    if target is None:
         raise CNIError(Code.INTERNAL, f'unknown plugin "{plugin}"')
     import importlib
+    name, _, attr = target.partition(":")
     try:
-        return importlib.import_module(name)
+        obj = importlib.import_module(name)
     except ModuleNotFoundError as e:
         if e.name == name:
             raise CNIError(Code.NOT_AVAILABLE, f"plugin {plugin} is not implemented yet") from None
         raise
+    for part in filter(None, attr.split(".")):
+        obj = getattr(obj, part)
+    if isinstance(obj, type):
+        obj = obj()
+    registry.note_supported_from(plugin, getattr(obj, "SUPPORTED_FROM", None))
+    _loaded[plugin] = obj
+    return obj
+
+
+def speaks(plugin: str) -> tuple[str, ...]:
+    """The versions `plugin` speaks. A third-party plugin no installed table describes is
+    imported first, to read its SUPPORTED_FROM (the in-process path of an uninstalled copy)."""
+    if not (plugin in registry.PLUGINS or plugin in registry.INSTALLED or plugin in _loaded):
+        try:
+            load(plugin)
+        except Exception:
+            pass  # an unknown or broken plugin: its verbs report it
+    return registry.supported(plugin, versions.SUPPORTED)
 
 
 def about(plugin: str) -> str:
     return (f"CNI {plugin} plugin pycni {__version__}\n"
             f"CNI protocol versions supported: "
-            f"{', '.join(registry.supported(plugin, versions.SUPPORTED))}\n")
+            f"{', '.join(speaks(plugin))}\n")
 
 
 def version_info(plugin: str, stdin: bytes) -> str:
     """VERSION: the spec echoes the requested cniVersion; the reference answers its own."""
     asked = versions.CURRENT
-    speaks = registry.supported(plugin, versions.SUPPORTED)
+    speaking = speaks(plugin)
     try:
         value = json.loads(stdin or b"{}").get("cniVersion")
-        if isinstance(value, str) and value in speaks:
+        if isinstance(value, str) and value in speaking:
             asked = value
     except (ValueError, AttributeError):
         pass
-    return json.dumps({"cniVersion": asked, "supportedVersions": list(speaks)})
+    return json.dumps({"cniVersion": asked, "supportedVersions": list(speaking)})
 
 
 def decode_config(stdin: bytes) -> dict[str, Any]:

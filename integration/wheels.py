@@ -47,6 +47,15 @@ def build(outdir: Path, src: Path = ROOT) -> tuple[Path, Path]:
     return sdists[0], wheels[0]
 
 
+def build_wheel(outdir: Path, src: Path) -> Path:
+    """The wheel of another project (examples/...): `python -m build --wheel`, no isolation."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    _run(sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir", outdir, src,
+         cwd=outdir)
+    [wheel] = sorted(outdir.glob("*.whl"))
+    return wheel
+
+
 def requirements(src: Path = ROOT) -> list[str]:
     """The project's runtime dependencies, as pyproject.toml names them."""
     return list(tomllib.loads((src / "pyproject.toml").read_text())["project"]["dependencies"])

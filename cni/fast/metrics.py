@@ -278,6 +278,6 @@ class _Conn:
 def _job_labels(label: str) -> tuple[str, str]:
     """(plugin, verb) of a Job's label "plugin COMMAND containerid", bounded to known names."""
     words = label.split(" ")
-    return (_label(words[0], registry.NAMES),
+    return (_label(words[0], registry.names()),
             _label(words[1] if len(words) > 1 else "", VERBS))
 

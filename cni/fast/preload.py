@@ -35,6 +35,7 @@ def preimport(extra: tuple[str, ...] = ()) -> list[str]:
         except Exception as e:  # a broken module must not stop the daemon: its requests fail
             missing.append(name)
             log.warning("importing %s failed: %s: %s", name, type(e).__name__, e)
+    missing += load_entry_points()
     try:
         ctypes.CDLL("libnftables.so.1")  # dlopen once; each child makes its own context
     except OSError:
@@ -45,9 +46,39 @@ def preimport(extra: tuple[str, ...] = ()) -> list[str]:
     if "cni.spec.config" not in missing:
         from cni.spec.config import Model
 
-        for failure in Model.compile_all():
+        for failure in Model.compile_all():  # a third-party plugin's config models too
             log.warning("config model %s", failure)
     return missing
+
+
+def load_entry_points() -> list[str]:
+    """Import every entry-point plugin (cni.registry.discover) as skel would for a request, so
+    that children start with it; one that fails is reported by name (the log, and the status
+    query's "refused", cni.registry.REFUSED) and its requests fail, the others are served."""
+    from cni import registry, skel
+
+    failed = []
+    try:
+        found = registry.discover(refresh=True)
+    except Exception as e:  # unreadable metadata: the built-ins are still served
+        log.warning("reading the %s entry points failed: %s: %s", registry.GROUP,
+                    type(e).__name__, e)
+        return []
+    for name, why in registry.REFUSED.items():
+        log.warning("plugin %s not served: %s", name, why)
+    for name, target in found.items():
+        try:
+            skel.load(name)
+        except BaseException as e:  # SystemExit too: a plugin's import must not end the daemon
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            why = f"importing {target} failed: {type(e).__name__}: {e}"
+            registry.REFUSED[name] = why
+            failed.append(name)
+            log.warning("plugin %s not served: %s", name, why)
+        else:
+            log.info("plugin %s served from %s", name, target)
+    return failed
 
 
 def _modules_of(packages: tuple[str, ...]) -> tuple[str, ...]:
@@ -75,9 +106,9 @@ def warm_up(netlink: bool = True) -> None:
     NFTSocket per family its CHECKs ask (nftrecord.keep_home_sockets)."""
     from cni import skel
     from cni.host import dumps, links, netns, warm
-    from cni.registry import PLUGINS
+    from cni.registry import plugins
 
-    for plugin in PLUGINS:
+    for plugin in plugins():
         skel.run(plugin, {"CNI_COMMAND": "VERSION"}, b'{"cniVersion":"1.0.0"}')
     # One real request, read-only: loopback CHECK of our own namespace's lo. It walks what every
     # request walks (env and config checks, keys, netns.entered, IPRoute): a request after it

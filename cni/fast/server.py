@@ -22,7 +22,7 @@ import struct
 import time
 from collections import deque
 
-from cni import __version__  # bound at start: the version this daemon runs
+from cni import __version__, registry  # __version__ bound at start: the one this daemon runs
 from cni.fast import protocol as proto
 from cni.fast.child import DONE, EXIT_NOT_STARTED, Runner, run_child
 from cni.fast.fds import accepted, close_all, drain, fds_from, peer_gone, send_quietly
@@ -232,7 +232,10 @@ class Server:
         return {"version": __version__, "pid": os.getpid(), "started": self.counts.started,
                 "answered": self.counts.answered, "forked": self.counts.forked,
                 "running": len(self.jobs), "queued": len(self.queue),
-                "stopping": self.stopping, "spares": self.pool.status()}
+                "stopping": self.stopping, "spares": self.pool.status(),
+                "by_plugin": dict(self.counts.by_plugin),
+                "plugins": {"served": list(registry.names()),
+                            "refused": dict(registry.REFUSED)}}
 
     def warm_spares(self) -> int:
         """Spares warm and waiting (metrics' gauge)."""
@@ -452,6 +455,9 @@ class Server:
         self._release(job)
         if code != EXIT_NOT_STARTED and not job.abandoned:
             self.counts.answered += 1
+            name = job.label.partition(" ")[0]
+            name = name if name in registry.names() else "other"
+            self.counts.by_plugin[name] = self.counts.by_plugin.get(name, 0) + 1
         if self.metrics:
             self.metrics.finished(job, code)
         if job.watched:

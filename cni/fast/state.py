@@ -41,6 +41,8 @@ class Counts:
     started: int = 0  # requests handed to a child: a warm spare, or one forked for it
     answered: int = 0  # started requests that got a reply (from their child, or for it)
     forked: int = 0  # started requests that forked a child of their own (no spare was warm)
+    # answered, by plugin name (the names cni.registry serves; anything else as "other")
+    by_plugin: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

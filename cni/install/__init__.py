@@ -30,7 +30,7 @@ import os
 from pathlib import Path
 
 from cni import __version__, registry
-from cni.install import copies, files, inuse, lock, render, trust, units
+from cni.install import copies, entrypoints, files, inuse, lock, render, trust, units
 from cni.install.errors import (
     BACKUPS,
     DEFAULT_BIN,
@@ -70,10 +70,16 @@ __all__ = ["BACKUPS", "CONF_SRC", "DATA", "DEFAULT_BIN", "DEFAULT_CONF", "DEFAUL
 def plan(bin_dir: Path, conf_dir: Path | None, conflist: str | None,
          cni_version: str | None = None, python: Path | None = None,
          units_dir: Path | None = None, root: Path = ROOT,
-         sites: list[str] | None = None) -> list[Planned]:
+         sites: list[str] | None = None,
+         plugins: dict[str, tuple[str, str]] | None = None) -> list[Planned]:
+    """What install writes; `plugins`, the entry-point plugins (entrypoints.plugin_table), are
+    linked too."""
     python = python or venv_python()
-    items = [Planned(bin_dir / MULTICALL, "file", render_multicall(python, root, sites=sites))]
-    items += [Planned(bin_dir / name, "symlink", target=MULTICALL) for name in registry.NAMES]
+    plugins = plugins or {}
+    items = [Planned(bin_dir / MULTICALL, "file",
+                     render_multicall(python, root, sites=sites, plugins=plugins))]
+    items += [Planned(bin_dir / name, "symlink", target=MULTICALL)
+              for name in (*registry.NAMES, *sorted(plugins))]
     if conf_dir is not None and conflist:
         name, raw = render.conflist_source(conflist)
         items.append(Planned(conf_dir / name, "file", render_conflist(name, raw, cni_version),
@@ -124,15 +130,17 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
     check_trust(bin_dir, conf_dir, units_dir, sites)
     # Installed from a wheel, the executables run a copy pip never changes (copies.py).
     lib = copies.path_for(bin_dir, PACKAGE, __version__) if in_site(ROOT, sites) else None
+    table, skipped = entrypoints.plugin_table()  # imported from the sites just checked
     items = plan(bin_dir, conf_dir, conflist, cni_version, python, units_dir,
-                 root=lib or ROOT, sites=sites)
+                 root=lib or ROOT, sites=sites, plugins=table)
     _conflicts(bin_dir, items, force)  # refused before anything is written
     created = []
     for d in filter(None, (bin_dir, conf_dir, units_dir)):
         created += [str(p) for p in files.make_dirs(d)]
     with lock.held(bin_dir):
-        return _install_locked(bin_dir, items, _conflicts(bin_dir, items, force), created,
-                               lib, python, compile_bytecode, units_dir)
+        done = _install_locked(bin_dir, items, _conflicts(bin_dir, items, force), created,
+                               lib, python, compile_bytecode, units_dir, table)
+    return [f"skipped plugin {name}: {why}" for name, why in sorted(skipped.items())] + done
 
 
 def _conflicts(bin_dir: Path, items: list[Planned], force: bool) -> list[Path]:
@@ -149,9 +157,10 @@ def _conflicts(bin_dir: Path, items: list[Planned], force: bool) -> list[Path]:
 
 def _install_locked(bin_dir: Path, items: list[Planned], conflicts: list[Path],
                     created: list[str], lib: Path | None, python: Path, compile_bytecode: bool,
-                    units_dir: Path | None) -> list[str]:
+                    units_dir: Path | None, plugins: dict[str, tuple[str, str]]) -> list[str]:
     manifest = Manifest.load(bin_dir) or Manifest(bin_dir=str(bin_dir))
     manifest.root, manifest.python = str(ROOT), str(python)
+    manifest.plugins = {name: target for name, (target, _) in plugins.items()}
     manifest.created_dirs += created
     done = []
     if lib is not None:
@@ -178,6 +187,7 @@ def _install_locked(bin_dir: Path, items: list[Planned], conflicts: list[Path],
         manifest.entries = [e for e in manifest.entries if e.path != new.path] + [new]
         done.append(f"wrote {it.path}")
         manifest.save()  # after each file: an interrupted install can still be uninstalled
+    done += _unlink_dropped(manifest, {str(it.path) for it in items})
     manifest.save()
     if lib is not None:  # the executables in place name lib now: plugins exec'd from now run it
         done += _prune(bin_dir, manifest, inuse.now_ticks())
@@ -193,6 +203,22 @@ def _install_locked(bin_dir: Path, items: list[Planned], conflicts: list[Path],
         done.append("enabled pycni.socket (the first plugin call starts pycni.service)")
     else:
         done.append(_daemon_takes_up_new_code())
+    return done
+
+
+def _unlink_dropped(manifest: Manifest, planned: set[str]) -> list[str]:
+    """A plugin name an earlier install linked and this one does not (its package is gone):
+    removed, as uninstall would (what was there before it restored)."""
+    done = []
+    for e in [e for e in manifest.entries if e.kind == "symlink" and e.target == MULTICALL
+              and e.path not in planned]:
+        path = Path(e.path)
+        if e.matches_disk():
+            path.unlink()
+            done.append(f"removed {path} (no such plugin any more)")
+            if e.backup and Path(e.backup).exists():
+                os.replace(e.backup, path)
+        manifest.entries.remove(e)
     return done
 
 

@@ -49,6 +49,7 @@ class Manifest:
     created_dirs: list[str] = field(default_factory=list)
     systemd: bool = False  # units were installed and enabled: uninstall disables them
     lib: str = ""  # the copy of the package the executables run (copies), if installed
+    plugins: dict[str, str] = field(default_factory=dict)  # entry-point plugins linked: target
 
     @classmethod
     def load(cls, bin_dir: Path) -> Manifest | None:
@@ -59,12 +60,13 @@ class Manifest:
         return cls(bin_dir=raw["bin_dir"], root=raw.get("root", ""), python=raw.get("python", ""),
                    entries=[Entry(**e) for e in raw.get("entries", [])],
                    created_dirs=list(raw.get("created_dirs", [])),
-                   systemd=bool(raw.get("systemd", False)), lib=raw.get("lib", ""))
+                   systemd=bool(raw.get("systemd", False)), lib=raw.get("lib", ""),
+                   plugins=dict(raw.get("plugins", {})))
 
     def save(self) -> None:
         data = {"bin_dir": self.bin_dir, "root": self.root, "python": self.python,
                 "entries": [vars(e) for e in self.entries], "created_dirs": self.created_dirs,
-                "systemd": self.systemd, "lib": self.lib}
+                "systemd": self.systemd, "lib": self.lib, "plugins": self.plugins}
         files.atomic_write(Path(self.bin_dir) / MANIFEST,
                            json.dumps(data, indent=2).encode() + b"\n", 0o644)
 
@@ -92,4 +94,4 @@ class Planned:
 def describe(manifest: Manifest) -> dict[str, Any]:
     """The manifest as `pycni doctor` shows it."""
     return {"root": manifest.root, "python": manifest.python,
-            "files": [e.path for e in manifest.entries]}
+            "files": [e.path for e in manifest.entries], "plugins": manifest.plugins}

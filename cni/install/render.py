@@ -23,6 +23,7 @@ CONF_SRC = DATA / "conf"
 MARKER = "pycni-multicall"
 ROOT_TAG = "# pycni:root"
 PATH_TAG = "# pycni:path"
+PLUGINS_TAG = "# pycni:plugins"
 SHEBANG_MAX = 255  # the kernel reads at most this much of a #! line (BINPRM_BUF_SIZE - 1)
 UNITS = ("pycni.socket", "pycni.service")
 
@@ -57,11 +58,13 @@ def in_site(root: Path, sites: list[str]) -> bool:
 
 
 def render_multicall(python: Path, root: Path, source: str | None = None,
-                     sites: list[str] | None = None) -> bytes:
+                     sites: list[str] | None = None,
+                     plugins: dict[str, tuple[str, str]] | None = None) -> bytes:
     """bin/cni-plugin rewritten for an installed copy: direct shebang, absolute root, and the
     dependencies' dirs (sites, default site_dirs(python)) after the stdlib. A checkout's root
     comes first, as in bin/; a root that is itself a site dir (a wheel) goes last with the rest,
-    so nothing installed there can shadow the stdlib modules the shim imports."""
+    so nothing installed there can shadow the stdlib modules the shim imports. `plugins`
+    (entrypoints.plugin_table) is baked in as cni.registry.INSTALLED."""
     text = SOURCE.read_text() if source is None else source
     shebang = f"#!{python} -IS"
     if len(shebang) > SHEBANG_MAX or " " in str(python):
@@ -78,6 +81,9 @@ def render_multicall(python: Path, root: Path, source: str | None = None,
         if ROOT_TAG in line and line.lstrip().startswith("_root"):
             line = f"_root = {str(root)!r}  {ROOT_TAG}"
             saw_root = True
+        elif line.endswith(PLUGINS_TAG):
+            line = f"registry.INSTALLED.update({dict(sorted((plugins or {}).items()))!r})  " \
+                f"{PLUGINS_TAG}"
         elif line.endswith(PATH_TAG):
             if not saw_path:
                 out += [f"{p}  {PATH_TAG}" for p in paths]
