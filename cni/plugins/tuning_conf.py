@@ -182,9 +182,10 @@ def sysctl_path(where: str, key: str, value: str, ifname: str) -> str:
     return path
 
 
-def check_allowlist(settings: Settings, allowlist: str = ALLOWLIST) -> None:
+def check_allowlist(settings: Settings) -> None:
     """ADD only, as the reference: with the admin's allowlist present, every key must match
     one of its lines (a regular expression, matched anywhere in the key as written)."""
+    allowlist = ALLOWLIST
     try:
         with open(allowlist, encoding="utf-8") as f:
             lines = [line.strip() for line in f.read().split("\n")]
