@@ -10,11 +10,13 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cnitest import REFERENCE_BIN, REFERENCE_PLUGINS, Netns, Plugins, destroy_netns
+from libcni_util import Daemon, Libcni, container_id, host_leftovers, leftovers, module_daemon
 from rootskips import skip_unless
 
 pytestmark = pytest.mark.root
@@ -471,3 +473,37 @@ def test_reference_differences_mac_case_and_a_gone_pod(plugins: Plugins, eth0: N
     plugins.ok("tuning", "DEL", cfg, netns=path, bin_dir=REFERENCE_BIN)
     plugins.ok("tuning", "DEL", cfg, netns=path, container_id="ctr2")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ctr1_eth0.json"]  # the reference's
+
+
+# ---- the chain through libcni (the reference cnitool) ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    yield from module_daemon()
+
+
+def test_bridge_then_tuning_through_cnitool(host: Netns, pod: Netns, daemon: Daemon,
+                                            tmp_path: Path) -> None:
+    """runtimeConfig.mac through the `mac` capability, mtu and a per-interface sysctl on the
+    bridge's veth; the cached result carries the new MAC, CHECK of the whole chain passes, DEL
+    restores then the bridge removes the veth: nothing left, no backup file."""
+    data = tmp_path / "tuning"
+    libcni = Libcni(host, daemon, tmp_path / "libcni")
+    network = libcni.write({"cniVersion": "1.1.0", "name": "tune-chain", "plugins": [
+        {"type": "bridge", "bridge": "cni-tune0", "isGateway": True,
+         "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.86.0.0/24"}]]}},
+        {"type": "tuning", "capabilities": {"mac": True}, "dataDir": str(data), "mtu": 1400,
+         "sysctl": {"net.ipv4.conf.IFNAME.rp_filter": "2"}}]})
+    result = json.loads(libcni.ok("add", network, pod, cap_args={"mac": NEW_MAC.upper()}))
+    eth0 = next(i for i in result["interfaces"] if i["name"] == "eth0")
+    assert eth0["mac"] == NEW_MAC and eth0["sandbox"] == pod.path
+    link = pod.links()["eth0"]
+    assert (link["address"], link["mtu"]) == (NEW_MAC, 1400)
+    assert read(pod, "/proc/sys/net/ipv4/conf/eth0/rp_filter") == "2"
+    assert json.loads((data / f"{container_id(pod)}_eth0.json").read_text())["mtu"] == 1500
+    pod.run("ping", "-c1", "-W2", "10.86.0.1")
+    libcni.ok("check", network, pod, cap_args={"mac": NEW_MAC.upper()})
+    libcni.ok("del", network, pod, cap_args={"mac": NEW_MAC.upper()})
+    assert leftovers(host, pod, network) == [] and host_leftovers(host) == []
+    assert list(data.iterdir()) == []
