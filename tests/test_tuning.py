@@ -357,10 +357,12 @@ def test_del_restores_with_a_config_add_would_refuse(plugins: Plugins, eth0: Net
 
 def test_del_removes_the_backup_of_a_pod_that_is_gone(plugins: Plugins, eth0: Netns,
                                                       host: Netns, tmp_path: Path) -> None:
-    """The reference's DEL keeps the file forever once the namespace or link is gone."""
+    """The reference's DEL keeps the file forever once the namespace or link is gone (or
+    CNI_NETNS is empty)."""
     cfg = conf(eth0, tmp_path, mtu=1400)
-    plugins.ok("tuning", "ADD", cfg, netns=eth0.path)
-    plugins.ok("tuning", "ADD", cfg, netns=eth0.path, container_id="ctr2")
+    for cid in ("ctr1", "ctr2", "ctr3"):
+        plugins.ok("tuning", "ADD", cfg, netns=eth0.path, container_id=cid)
+    plugins.ok("tuning", "DEL", cfg, netns="", container_id="ctr3")  # ctr's DEL, task gone
     eth0.run("ip", "link", "del", "eth0")
     plugins.ok("tuning", "DEL", cfg, netns=eth0.path, container_id="ctr2")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ctr1_eth0.json"]

@@ -12,8 +12,8 @@ Differences from the reference, all deliberate:
   CNI_ARGS), and a failed ADD puts back what it had changed (sysctls, link settings, the
   backup file); the reference writes sysctls one by one and leaves what it did;
 - DEL never fails over the config (the reference's fails on a value its parser refuses);
-- a DEL whose pod namespace or interface is gone removes the backup file (the reference's
-  keeps it forever), as does one whose file cannot be decoded;
+- a DEL whose pod namespace or interface is gone (or whose CNI_NETNS is empty) removes the
+  backup file (the reference's keeps it forever), as does one whose file cannot be decoded;
 - CHECK compares a sysctl's words (the kernel prints `32768\t60999` for `32768 60999`) and
   MACs however written; the result carries the MAC in the canonical form;
 - a negative mtu or txQLen, a MAC that is not a unicast 6-byte address, and a relative
