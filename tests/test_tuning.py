@@ -269,6 +269,14 @@ def test_duplicated_sysctl_keys_are_refused(plugins: Plugins, eth0: Netns,
     assert read(eth0, ARP_NOTIFY) == "0"
 
 
+def test_add_into_a_missing_netns_is_refused_even_with_nothing_to_do(plugins: Plugins,
+                                                                      tmp_path: Path,
+                                                                      eth0: Netns) -> None:
+    code, out, _ = plugins.exec("tuning", "ADD", conf(eth0, tmp_path), netns="/run/netns/nope")
+    assert code == 1 and out["code"] == 4 and "CNI_NETNS" in out["msg"]
+    assert not os.path.exists("/run/netns/nope")
+
+
 def test_missing_prev_result_and_missing_link(plugins: Plugins, eth0: Netns,
                                               tmp_path: Path) -> None:
     cfg = conf(eth0, tmp_path, mtu=1400)

@@ -70,8 +70,7 @@ def add(req: Request) -> Result:
     prev = _require_prev(req)
     result = with_mac(prev, req.ifname, settings.mac)
     require_printable(result, req.version, passthrough=result is prev and req.prev_native)
-    if not settings.sysctls and not settings.touches_link():
-        return result
+    # Entered even with nothing to change: a CNI_NETNS that is no namespace is refused (4).
     with netns.entered(req.netns_target), netns.iproute() as ipr, Undo(req) as undo:
         link = None
         if settings.touches_link():
