@@ -348,6 +348,13 @@ def test_allowlist_limits_the_sysctls_add_takes(eth0: Netns, tmp_path: Path,
     allow.write_text("^nothing$\n")
     check = skel.run("tuning", env | {"CNI_COMMAND": "CHECK"}, json.dumps(good).encode())
     assert check.code == 0, check
+    # A list others could write is not trusted: ADD refuses rather than take what it says.
+    allow.write_text(".*\n")
+    allow.chmod(0o666)
+    again = conf(eth0, data, sysctl={ARP: "0"})
+    reply = skel.run("tuning", env | {"CNI_CONTAINERID": "ctr2"}, json.dumps(again).encode())
+    assert reply.code == 1 and "writable by others" in json.loads(reply.stdout)["msg"]
+    assert read(eth0, ARP_NOTIFY) == "1"
 
 
 # ---- DEL -------------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ Differences from the reference, all deliberate:
 - a negative mtu or txQLen, a MAC that is not a unicast 6-byte address, and a relative
   dataDir are refused (the reference hands them to the kernel, which wraps a negative txQLen
   to 4294967295);
+- dataDir and the sysctl allowlist must be root's alone (cni.plugins.tuning_backup,
+  tuning_conf.check_allowlist), else ADD is refused;
 - promisc is the interface's own IFF_PROMISC (what a user set), not the kernel's count of
   promiscuity holders (a packet socket or a bridge would make CHECK fail there).
 """

@@ -188,6 +188,12 @@ def check_allowlist(settings: Settings) -> None:
     allowlist = ALLOWLIST
     try:
         with open(allowlist, encoding="utf-8") as f:
+            # root trusts only root: a list others can write would widen what ADD takes
+            for st in (os.fstat(f.fileno()), os.stat(os.path.dirname(allowlist))):
+                if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                    raise CNIError(Code.INVALID_CONFIG, f"sysctl allowlist {allowlist}: it or "
+                                   "its directory is writable by others than root: not used "
+                                   "(ADD refused)")
             lines = [line.strip() for line in f.read().split("\n")]
     except FileNotFoundError:
         return
