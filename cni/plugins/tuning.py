@@ -41,8 +41,7 @@ from cni.spec.errors import CNIError, Code, invalid_config
 from cni.spec.result import Result
 
 # A value the kernel refuses for this link: the config's fault, named as such.
-_REFUSED_VALUE = {errno.EINVAL, errno.ERANGE, errno.EADDRNOTAVAIL, errno.EOPNOTSUPP,
-                  errno.EACCES, errno.EPERM, errno.ENOENT, errno.EISDIR, errno.ENOTDIR}
+_REFUSED_VALUE = {errno.EINVAL, errno.ERANGE, errno.EADDRNOTAVAIL, errno.EOPNOTSUPP}
 
 
 def _require_prev(req: Request) -> Result:
@@ -82,9 +81,10 @@ def add(req: Request) -> Result:
                                "container's network namespace")
         _write_sysctls(settings, undo)
         if link is not None:
-            _backup(req, settings, link, undo)
-            undo.push(f"settings of {req.ifname}",
-                      lambda: _restore(ipr, link.index, _original(settings, link)))
+            saved = _original(settings, link)
+            _backup(req, saved, settings.data_dir, undo)
+            undo.push(f"settings of {req.ifname}", lambda: [
+                req.log(f"undo: {failure}") for failure in _restore(ipr, link.index, saved)])
             _apply(ipr, link.index, settings)
     return result
 
@@ -115,11 +115,10 @@ def _original(settings: Settings, link: links.Link) -> Backup:
                   txqlen=link.txqlen if settings.txqlen is not None else None)
 
 
-def _backup(req: Request, settings: Settings, link: links.Link, undo: Undo) -> None:
-    data_dir = settings.data_dir
+def _backup(req: Request, saved: Backup, data_dir: str, undo: Undo) -> None:
     earlier = backups.read_raw(data_dir, req.container_id, req.ifname)
     try:
-        backups.save(data_dir, req.container_id, req.ifname, _original(settings, link))
+        backups.save(data_dir, req.container_id, req.ifname, saved)
     except UnsafeDir as e:
         raise invalid_config("dataDir", data_dir, str(e)) from None
     except OSError as e:
