@@ -30,6 +30,7 @@ PLUGINS: dict[str, str] = {
     "host-local": "cni.plugins.host_local",
     "portmap": "cni.plugins.portmap",
     "bandwidth": "cni.plugins.bandwidth",
+    "tuning": "cni.plugins.tuning",
 }
 NAMES = tuple(PLUGINS)  # the built-in names
 SUPPORTED_FROM: dict[str, str] = {"bandwidth": "0.3.0"}

@@ -48,6 +48,8 @@ class Side:
                 p["ipam"]["dataDir"] = str(self.data_dir)
             if p.get("type") == "host-local":
                 p["dataDir"] = str(self.data_dir)
+            if p.get("type") == "tuning":
+                p["dataDir"] = str(self.data_dir / "tuning")
         return conf
 
     def run(self, verb: str, conflist: dict[str, Any], pod: str, *, cid: str = "",
@@ -118,6 +120,17 @@ def pod_state(ns: Netns) -> dict[str, Any]:
             routes.append(" ".join(f"{k}={r[k]}" for k in ("dst", "gateway", "dev", "scope")
                                    if k in r))
     return {"links": links, "addrs": addrs, "routes": sorted(routes)}
+
+
+def link_settings(ns: Netns, ifname: str, sysctls: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What tuning sets on a pod's link: MAC, MTU, txqueuelen, the PROMISC and ALLMULTI flags,
+    and the given sysctl files (paths under /proc/sys, read inside the pod)."""
+    link = ns.links()[ifname]
+    out = {"mac": link["address"], "mtu": link["mtu"], "txqlen": link.get("txqlen", 0),
+           "promisc": "PROMISC" in link["flags"], "allmulti": "ALLMULTI" in link["flags"]}
+    for path in sysctls:
+        out[path] = ns.run("cat", path).stdout.split()
+    return out
 
 
 def store_files(data_dir: Path, network: str) -> dict[str, str]:

@@ -56,6 +56,12 @@ literal strings in tests/test_parity.py.
 - DELIBERATE loopback before 1.0.0 prints the requested version's shape (0.2.0: ip4/ip6 and dns;
   0.3.x/0.4.0: ips with "version", dns); the reference's loopback (1.1.1 and v1.9.1) prints the
   1.x shape under any cniVersion, which a 0.x reader cannot parse as its own.
+- DELIBERATE tuning validates every value before it changes anything and undoes a failed ADD,
+  never fails DEL over its config, removes the backup file of a pod that is gone, compares a
+  sysctl's words and MACs however written in CHECK, reports the MAC in canonical form, and reads
+  promisc from the link's flag (as 1.1.1; v1.9.1 reads the promiscuity count): the list and the
+  tests are in cni/plugins/tuning.py and tests/test_tuning.py. v1.9.1 has no tuning binary in
+  shared/reference/bin, so test_tuning compares with 1.1.1 (without txQLen, which it lacks).
 - the reference 1.1.1 speaks spec <= 1.0.0, so the conflists here do too (v1.9.1's comparison
   runs every version up to 1.1.0).
 """
@@ -63,6 +69,8 @@ literal strings in tests/test_parity.py.
 from __future__ import annotations
 
 import ipaddress
+import json
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,6 +83,7 @@ from diffchain import (
     Side,
     as_v19,
     host_veths,
+    link_settings,
     node_links,
     normalize,
     pod_state,
@@ -342,6 +351,53 @@ def test_bandwidth(sides) -> None:
         code, out = side.run("DEL", conf, "pod1", cap_args=cap, prev=outs[label])
         assert code == 0, out
         assert ifb[0] not in side.plugins.host.links()
+
+
+# ---- tuning ---------------------------------------------------------------------------------
+
+
+TXQLEN = {"ours": 1000, "ref": 0}  # the bridge's pod veth (module doc: v1.9's 1000, 1.1.1's 0)
+
+
+def test_tuning(sides) -> None:
+    """bridge + tuning: the MAC from runtimeConfig (capability `mac`), mtu, promisc, allmulti
+    and a sysctl on the pod's eth0; same result (the new MAC in it), same link, same backup file
+    (its "mac" is the veth's random one), CHECK on both, tuning's DEL restoring the same values.
+    txQLen is not here: 1.1.1 has no such key (tests/test_tuning.py covers it). The sysctl names
+    eth0: 1.1.1's CHECK does not substitute IFNAME (its ADD does)."""
+    rp_filter = "/proc/sys/net/ipv4/conf/eth0/rp_filter"
+    tuning = {"type": "tuning", "capabilities": {"mac": True}, "mtu": 1400, "promisc": True,
+              "allmulti": True, "sysctl": {"net.ipv4.conf.eth0.rp_filter": "2"}}
+    conf = bridge_conf("tune-diff", ["10.87.0.0/24"], more=[tuning])
+    cap = {"mac": "02:87:00:00:00:01"}
+    outs = both(sides, "ADD", conf, "pod1", cap_args=cap)
+    same(sides, outs)
+    backups = {}
+    for label, side in sides.items():
+        eth0 = next(i for i in outs[label]["interfaces"] if i["name"] == "eth0")
+        assert eth0["mac"] == cap["mac"]
+        assert link_settings(side.pods["pod1"], "eth0", (rp_filter,)) == {
+            "mac": cap["mac"], "mtu": 1400, "txqlen": TXQLEN[label], "promisc": True,
+            "allmulti": True, rp_filter: ["2"]}
+        (path,) = (side.data_dir / "tuning").iterdir()
+        assert path.name == "ctr-pod1_eth0.json"
+        backups[label] = path.read_text()
+    mac = '"mac": "<mac>"'
+    ours, ref = (re.sub(r'"mac": "[0-9a-f:]{17}"', mac, backups[k]) for k in ("ours", "ref"))
+    assert ours == ref == f'{{\n {mac},\n "promisc": false,\n "mtu": 1500,\n "allmulti": false\n}}'
+    both(sides, "CHECK", conf, "pod1", cap_args=cap, prevs=outs)
+    alone = conf | {"plugins": [tuning]}  # tuning's DEL alone: the veth stays to be read
+    for label, side in sides.items():
+        code, out = side.run("DEL", alone, "pod1", cap_args=cap, prev=outs[label])
+        assert code == 0, out
+        veth_mac = json.loads(backups[label])["mac"]
+        assert link_settings(side.pods["pod1"], "eth0", (rp_filter,)) == {
+            "mac": veth_mac, "mtu": 1500, "txqlen": TXQLEN[label], "promisc": False,
+            "allmulti": False, rp_filter: ["2"]}  # sysctls are not restored, by either
+        assert list((side.data_dir / "tuning").iterdir()) == []
+        code, out = side.run("DEL", conf, "pod1", cap_args=cap, prev=outs[label])
+        assert code == 0, out
+        assert host_veths(side.plugins.host) == []
 
 
 # ---- where we differ on purpose -------------------------------------------------------------

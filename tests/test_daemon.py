@@ -182,9 +182,11 @@ def scenario(name: str, tmp: Path) -> list[dict]:
                         "runtimeConfig": {"bandwidth": {
                             "ingressRate": 10 * MBIT, "ingressBurst": 80_000,
                             "egressRate": 20 * MBIT, "egressBurst": 160_000}}}
+    tuning = base | {"type": "tuning", "dataDir": str(tmp / "tuning"), "mtu": 1400,
+                     "mac": "02:77:00:00:00:01", "sysctl": {"net.ipv4.conf.IFNAME.rp_filter": "2"}}
     return {"loopback": [loopback], "host-local": [base | {"type": "host-local", "ipam": ipam}],
             "bridge": [bridge], "portmap": [bridge, portmap], "bandwidth": [bridge, bandwidth],
-            "chain": [loopback, bridge, portmap, bandwidth]}[name]
+            "tuning": [bridge, tuning], "chain": [loopback, bridge, portmap, bandwidth]}[name]
 
 
 def run_chain(plugins: Plugins, pod: Netns, confs: list[dict], env: dict) -> list[tuple]:
@@ -225,7 +227,7 @@ def normalize(steps: list[tuple], pod: Netns, tmp: Path) -> list[tuple]:
 
 
 @pytest.mark.parametrize("name", ["loopback", "host-local", "bridge", "portmap", "bandwidth",
-                                  "chain"])
+                                  "tuning", "chain"])
 def test_daemon_and_in_process_give_the_same_bytes(name, netns_factory, start_daemon,
                                                    tmp_path) -> None:
     host_a, host_b = netns_factory("pycni-host"), netns_factory("pycni-host")

@@ -43,6 +43,7 @@ BRIDGE: dict[str, Any] = {
 PORTMAP: dict[str, Any] = {"type": "portmap", "capabilities": {"portMappings": True}}
 BANDWIDTH: dict[str, Any] = {"type": "bandwidth", "capabilities": {
     "bandwidth": True, "io.kubernetes.cri.pod-annotations": True}}
+TUNING: dict[str, Any] = {"type": "tuning", "dataDir": "/run/pycni/test-tuning", "mtu": 1400}
 MAPPING = {"hostPort": 18080, "containerPort": 80, "protocol": "tcp"}
 ANNOTATIONS = "io.kubernetes.cri.pod-annotations"
 
@@ -186,6 +187,20 @@ BANDWIDTH_CASES = [
          'kubernetes.io/ingress-bandwidth "2P"'),
 ]
 
+TUNING_CASES = [
+    Case({"mtu": "1500"}, {}, 7, 'mtu: "1500"'),
+    Case({"mtu": 70000}, {}, 7, "mtu 70000"),
+    Case({"mac": "zz"}, {}, 7, 'mac "zz"'),
+    Case({"promisc": "yes"}, {}, 7, 'promisc: "yes"'),
+    Case({"allmulti": 1}, {}, 7, "allmulti: 1"),
+    Case({"txQLen": -1}, {}, 7, "txQLen: -1"),
+    Case({"dataDir": "relative"}, {}, 7, 'dataDir "relative"'),
+    Case({"sysctl": {"kernel.hostname": "x"}}, {}, 7, 'sysctl.kernel.hostname "x"'),
+    Case({"sysctl": {"net.ipv4.conf.IFNAME.arp_notify": "x"}}, {}, 7,
+         'sysctl net.ipv4.conf.IFNAME.arp_notify "x"'),
+    Case({"args": {"cni": {"mtu": "x"}}}, {}, 7, 'args.cni.mtu: "x"'),
+]
+
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
@@ -260,9 +275,11 @@ def test_bridge_and_host_local_refused_configs_are_deletable(libcni: Libcni, hos
 
 @pytest.mark.parametrize("plugin,base,case",
                          [("portmap", PORTMAP, c) for c in PORTMAP_CASES]
-                         + [("bandwidth", BANDWIDTH, c) for c in BANDWIDTH_CASES],
+                         + [("bandwidth", BANDWIDTH, c) for c in BANDWIDTH_CASES]
+                         + [("tuning", TUNING, c) for c in TUNING_CASES],
                          ids=[f"portmap-{i}" for i in ids(PORTMAP_CASES)]
-                         + [f"bandwidth-{i}" for i in ids(BANDWIDTH_CASES)])
+                         + [f"bandwidth-{i}" for i in ids(BANDWIDTH_CASES)]
+                         + [f"tuning-{i}" for i in ids(TUNING_CASES)])
 def test_a_refusing_chained_plugin_lets_the_bridge_del_run(libcni: Libcni, host: Netns,
                                                            pod: Netns, plugin: str,
                                                            base: dict[str, Any],
@@ -273,6 +290,9 @@ def test_a_refusing_chained_plugin_lets_the_bridge_del_run(libcni: Libcni, host:
     libcni.write(conflist(network, BRIDGE, merged(base, case.keys)))
     refused(libcni, network, pod, plugin, case, cap)
     attached(pod)  # the bridge's ADD ran: libcni leaves it to the runtime's DEL
+    if plugin == "tuning":  # its failed ADD put the veth's MTU back and kept no backup
+        assert pod.links()["eth0"]["mtu"] == 1500
+        assert list(Path(TUNING["dataDir"]).glob("*")) == []
     deleted(libcni, host, network, pod, cap)
     assert host_leftovers(host) == []
 

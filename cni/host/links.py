@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 IFF_UP = 0x1
 IFF_PROMISC = 0x100
+IFF_ALLMULTI = 0x200
 
 
 def set_loopback(target: int | str, up: bool) -> list[str]:
@@ -52,10 +53,12 @@ class Link(NamedTuple):
     operstate: str
     peer_index: int  # IFLA_LINK: for a veth, the peer's index (in the peer's namespace)
     port_state: int | None = None  # IFLA_BRPORT_STATE of a bridge port, when asked for
+    txqlen: int = 0
+    allmulti: bool = False  # IFF_ALLMULTI as asked for (the kernel reports the user's flag)
 
 
 _FIELDS = ("IFLA_IFNAME", "IFLA_ADDRESS", "IFLA_MTU", "IFLA_MASTER", "IFLA_OPERSTATE",
-           "IFLA_LINK", "IFLA_LINKINFO")
+           "IFLA_LINK", "IFLA_LINKINFO", "IFLA_TXQLEN")
 
 
 _KIND_INFO = ("IFLA_INFO_KIND",)
@@ -99,6 +102,8 @@ def from_message(msg: Any, port_state: bool = False) -> Link:
         operstate=nla.get("IFLA_OPERSTATE") or "",
         peer_index=nla.get("IFLA_LINK") or 0,
         port_state=state,
+        txqlen=nla.get("IFLA_TXQLEN") or 0,
+        allmulti=bool(flags & IFF_ALLMULTI),
     )
 
 
@@ -143,8 +148,21 @@ def set_promisc(ipr: IPRoute, index: int) -> None:
     ipr.link("set", index=index, flags=IFF_PROMISC, change=IFF_PROMISC)
 
 
+def set_flag(ipr: IPRoute, index: int, flag: int, on: bool) -> None:
+    """Set or clear one IFF_* flag the user may change (IFF_PROMISC, IFF_ALLMULTI)."""
+    ipr.link("set", index=index, flags=flag if on else 0, change=flag)
+
+
 def set_mac(ipr: IPRoute, index: int, mac: str) -> None:
     ipr.link("set", index=index, address=mac)
+
+
+def set_mtu(ipr: IPRoute, index: int, mtu: int) -> None:
+    ipr.link("set", index=index, mtu=mtu)
+
+
+def set_txqlen(ipr: IPRoute, index: int, txqlen: int) -> None:
+    ipr.link("set", index=index, txqlen=txqlen)
 
 
 def set_master(ipr: IPRoute, index: int, master: int) -> None:

@@ -31,3 +31,23 @@ def conf(family: int, ifname: str, name: str) -> str:
     Interface names can contain dots, so keys are built as paths, never dotted names.
     """
     return f"net/ipv{family}/conf/{ifname}/{name}"
+
+
+def read_file(path: str) -> str:
+    """A sysctl file's content as the kernel gives it (trailing newline and all), read in the
+    calling thread's network namespace (/proc/sys/net is the namespace of the reader)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    with open(fd, encoding="utf-8", errors="surrogateescape") as f:
+        return f.read()
+
+
+def write_file(path: str, value: str) -> None:
+    """Write one sysctl file; never creates a file (procfs has none to create, a typo must not
+    make one elsewhere). OSError carries the kernel's refusal (EINVAL for a bad value)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        data = value.encode("utf-8", "surrogateescape")
+        if os.write(fd, data) != len(data):
+            raise OSError(f"{path}: short write")
+    finally:
+        os.close(fd)
