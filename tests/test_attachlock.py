@@ -160,6 +160,7 @@ def test_a_del_waiting_past_the_timeout_is_error_11_and_runs_nothing(
                env=daemon.env)
     path = attachlock.lock_path({"CNI_COMMAND": "DEL", "CNI_CONTAINERID": CID,
                                  "CNI_IFNAME": "lo"})
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # as another process running a verb on it would
