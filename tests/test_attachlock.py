@@ -292,3 +292,8 @@ def test_a_nested_call_skips_the_lock_its_caller_holds_and_no_other(lock_dir) ->
         assert env[attachlock.ENV] == f"{os.getpid()}:{dev_ino}"
     finally:
         os.close(held.fd)
+
+
+def test_the_in_process_wait_is_the_daemons_request_timeout() -> None:
+    from cni.fast.state import Options
+    assert Options.timeout == attachlock.WAIT
