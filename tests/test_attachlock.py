@@ -125,9 +125,10 @@ def test_a_del_at_the_successor_waits_for_the_add_the_old_daemon_runs(
         delete = run_bridge(host, pod, "DEL", conf, env)
         del_waits_for_add(tmp_path, host, pod, delete, add, release)
         daemon.proc.wait(30)  # the old one finished what it had accepted
-        log = daemon.log.read_text()  # both daemons write it
-        assert f"[{old['pid']}]: DEBUG served bridge ADD wrap1" in log
-        assert f"[{successor}]: DEBUG served bridge DEL wrap1" in log
+        # Both daemons write the log; "served" once the spare is back, after the reply.
+        wait_for(lambda: f"[{successor}]: DEBUG served bridge DEL wrap1"
+                 in daemon.log.read_text(), "the successor to log the DEL")
+        assert f"[{old['pid']}]: DEBUG served bridge ADD wrap1" in daemon.log.read_text()
     finally:
         if successor:
             kill_tree(successor)
