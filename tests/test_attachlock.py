@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 import subprocess
 import threading
 from pathlib import Path
@@ -298,3 +299,25 @@ def test_a_nested_call_skips_the_lock_its_caller_holds_and_no_other(lock_dir) ->
 def test_the_in_process_wait_is_the_daemons_request_timeout() -> None:
     from cni.fast.state import Options
     assert Options.timeout == attachlock.WAIT
+
+
+@pytest.mark.root
+def test_nobody_cannot_touch_the_locks_and_runs_as_before() -> None:
+    """/run/pycni is root's (0700): a caller that is not root can neither make nor take an
+    attachment's lock; its request runs as it did without the lock (it can change nothing a
+    root request would)."""
+    from test_daemon import as_nobody
+
+    def run() -> bytes:
+        return attachlock.run(lambda *_: Reply(b"ran", b"", 0), "loopback", env_of("ADD"),
+                              b"").stdout
+    path = Path(attachlock.lock_path(env_of("ADD")))
+    assert as_nobody(run) == b"ran" and not path.exists()
+    held = attachlock.acquire(str(path), "", 5)  # root's, locked
+    try:
+        assert as_nobody(run) == b"ran"
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.stat().st_uid == 0
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    finally:
+        os.close(held.fd)
+        path.unlink()
