@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+from cni.fast import attachlock
 from cni.fast import protocol as proto
 from cni.fast.fds import close_all, fds_from
 from cni.fast.preload import keep_home_sockets, set_environ, warm_requests, warm_up
@@ -181,6 +182,7 @@ def run_request(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes
         code = 4
         by_role = dict(zip([r for r in proto.ROLES if roles & r], fds, strict=True))
         env = proto.decode_env(env_block)
+        attachlock.vouch(env, lambda: peer_pid(conn))  # (a nested call) in the daemon's /proc
         try:
             enter_caller(by_role, env, umask)
         except OSError as e:
@@ -195,7 +197,9 @@ def run_request(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes
 
             conntrack.linger_after_reply()  # closed after the reply (see conntrack)
             runner = skel.run
-        reply = runner(plugin, env, stdin, netns_fd(by_role))
+        # The attachment's lock: given up a little before the parent's kill at `timeout`
+        reply = attachlock.run(runner, plugin, env, stdin, netns_fd(by_role),
+                               wait=max(timeout - 1.0, timeout / 2))
         set_name(DONE)  # the parent must not take the caller's close for a hang-up now
         conn.sendall(proto.encode_reply(reply.code, reply.stdout, reply.stderr))
         code = 0
@@ -428,6 +432,12 @@ def enter_caller(by_role: dict[int, int], env: dict[str, str], umask: int) -> No
         os.fchdir(cwd)
     set_environ(env)  # what plugins exec (iptables, an IPAM plugin) inherit, as in-process
     os.umask(umask)
+
+
+def peer_pid(conn: socket.socket) -> int:
+    """The caller's pid (SO_PEERCRED), as the daemon's pid namespace sees it."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[0]
 
 
 def netns_fd(by_role: dict[int, int]) -> int | None:

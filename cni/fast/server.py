@@ -23,6 +23,7 @@ import time
 from collections import deque
 
 from cni import __version__, registry  # __version__ bound at start: the one this daemon runs
+from cni.fast import attachlock
 from cni.fast import protocol as proto
 from cni.fast.child import DONE, EXIT_NOT_STARTED, Runner, run_child
 from cni.fast.fds import accepted, close_all, drain, fds_from, peer_gone, send_quietly
@@ -224,7 +225,7 @@ class Server:
         self.queue.append(Ready(conn, data, p.fds,
                                 f"{plugin} {env.get('CNI_COMMAND', '?')} {cid}".rstrip(),
                                 (cid, env.get("CNI_IFNAME", "")) if cid else None,
-                                peer=p.peer))
+                                peer=p.peer, holder=attachlock.holder(env.get(attachlock.ENV, ""))))
 
     def status(self) -> dict:
         """The figures a status query answers (status.query). The version is the one this
@@ -310,9 +311,10 @@ class Server:
         """Whether the request comes from inside a job running on its attachment (bridge
         exec'ing a wrapper script around our host-local): that job waits for this one, so
         holding this one until that job ends would deadlock. Its caller is alive (connected)
-        and the job unreaped, so neither pid can have been reused."""
+        and the job unreaped, so neither pid can have been reused. Also from inside a request
+        another daemon runs (a handover's old one): the holder its attachment lock names."""
         assert ready.key is not None
-        if self._descends_from(ready.peer, self.busy[ready.key]):
+        if self._descends_from(ready.peer, self.busy[ready.key] | {ready.holder}):
             log.debug("%s runs nested in its caller's request on the attachment", ready.label)
             return True
         return False

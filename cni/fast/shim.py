@@ -107,8 +107,9 @@ def in_process(plugin: str, stdin: bytes) -> Reply:
     import os
 
     from cni import skel
+    from cni.fast import attachlock
 
-    reply = skel.run(plugin, dict(os.environ), stdin)
+    reply = attachlock.run(skel.run, plugin, dict(os.environ), stdin)  # one per attachment
     return reply.stdout, reply.stderr, reply.code
 
 

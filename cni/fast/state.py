@@ -67,6 +67,7 @@ class Ready:
     label: str  # "plugin COMMAND containerid", for logs and error messages
     key: tuple[str, str] | None  # (container ID, ifname): one request at a time per attachment
     peer: int = 0  # the client's pid
+    holder: int = 0  # the pid its attachment lock token names (attachlock.ENV), if any
     held: bool = False  # waiting for a request on the same attachment
     inside_job: bool | None = None  # its caller descends from a running job (Server._inside_job)
     received: float = field(default_factory=time.monotonic)  # complete (metrics' latency)
