@@ -21,8 +21,9 @@ import pytest
 from cnitest import BIN, Netns
 from test_daemon import NO_DAEMON, finish, kill_tree, start_daemon, wait_for, wrapped_ipam
 
-from cni.fast import attachlock, handover
+from cni.fast import attachlock
 from cni.fast import protocol as proto
+from cni.install import upgrade
 from cni.skel import Reply
 
 __all__ = ["start_daemon"]  # the fixture, used by name
@@ -121,7 +122,7 @@ def test_a_del_at_the_successor_waits_for_the_add_the_old_daemon_runs(
     old = daemon.status()
     successor = 0
     try:
-        successor = handover.request(str(daemon.socket))["successor"]
+        successor = upgrade.request(str(daemon.socket))["successor"]
         assert daemon.status()["pid"] == successor != old["pid"]
         delete = run_bridge(host, pod, "DEL", conf, env)
         del_waits_for_add(tmp_path, host, pod, delete, add, release)
