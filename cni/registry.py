@@ -15,9 +15,10 @@ PLUGINS: dict[str, str] = {
     "host-local": "cni.plugins.host_local",
     "portmap": "cni.plugins.portmap",
     "bandwidth": "cni.plugins.bandwidth",
+    "firewall": "cni.plugins.firewall",
 }
 NAMES = tuple(PLUGINS)
-SUPPORTED_FROM: dict[str, str] = {"bandwidth": "0.3.0"}
+SUPPORTED_FROM: dict[str, str] = {"bandwidth": "0.3.0", "firewall": "0.4.0"}
 
 
 def supported(plugin: str, versions: tuple[str, ...]) -> tuple[str, ...]:
