@@ -12,6 +12,7 @@ import re
 import pytest
 from cnitest import REFERENCE_BIN, Netns
 from portmap_util import OUTSIDE, Servers, answered_by, build_node
+from rootskips import missing
 
 from cni.host import forward
 
@@ -316,7 +317,7 @@ def test_pycni_del_removes_the_references_iptables_rules(plugins, node, host) ->
     forward_policy(host, "DROP")
     ref = REFERENCE_BIN / "firewall"
     if not ref.exists():
-        pytest.skip(f"no reference firewall in {REFERENCE_BIN}")
+        missing(f"the reference firewall in {REFERENCE_BIN} (scripts/setup.sh)")
     prev = node.prev_result(pod_a)
     plugins.ok("firewall", "ADD", conf(prev, backend="iptables"), container_id="ctr-a",
                netns=pod_a.path, bin_dir=REFERENCE_BIN)
