@@ -7,7 +7,10 @@ iptables-nft inside the throwaway namespace only.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
 
 import pytest
 from cnitest import REFERENCE_BIN, Netns
@@ -251,6 +254,35 @@ def test_missing_prev_result_is_refused(plugins, node) -> None:
     code, out, _ = plugins.exec("firewall", "ADD", conf(None), container_id="ctr-a",
                                 netns=pod_a.path)
     assert code != 0 and out["code"] == 7 and "prevResult" in out["msg"], out
+
+
+def test_concurrent_adds_on_a_fresh_dropping_host_keep_every_rule(plugins, node, host) -> None:
+    """The first ADDs on a host race to make the chains: none may lose another's rules (an
+    iptables-restore `:CNI-FORWARD` line would flush them), none may double the entry jumps."""
+    pod_a, _ = pods(node)
+    forward_policy(host, "DROP")
+    ips = [f"10.88.1.{n}" for n in range(2, 12)]
+    procs = [subprocess.Popen(
+        ["ip", "netns", "exec", host.name, str(plugins.bin_dir / "firewall")],
+        env={"PATH": os.environ["PATH"], "CNI_COMMAND": "ADD", "CNI_CONTAINERID": f"c{n}",
+             "CNI_NETNS": pod_a.path, "CNI_IFNAME": "eth0", "CNI_PATH": str(plugins.bin_dir)},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for n in range(len(ips))]
+    for proc, ip in zip(procs, ips, strict=True):
+        proc.stdin.write(json.dumps(conf({"cniVersion": "1.0.0",
+                                          "ips": [{"address": f"{ip}/16"}]})).encode())
+        proc.stdin.close()
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0, (proc.stdout.read(), proc.stderr.read())
+    saved = iptables_save(host)
+    for ip in ips:
+        assert sum(f"{ip}/32" in line for line in saved) == 2, (ip, saved)
+    assert sum("-j CNI-FORWARD" in line for line in saved) == 1, saved
+    assert sum("-j CNI-ADMIN" in line for line in saved) == 1, saved
+    entry = [r for o in host.nft_ruleset()["nftables"] if "rule" in o
+             for r in [o["rule"]] if r["table"] == forward.TABLE and r["chain"] == "forward"]
+    assert len(entry) == 3
+    assert sum(len(pod_rules(host, f"c{n} eth0")) for n in range(len(ips))) == 2 * len(ips)
 
 
 # --- the host's iptables ----------------------------------------------------------------------

@@ -13,16 +13,20 @@ syntax into iptables' table would list as garbage in iptables-save):
 
 the very rules the reference's iptables backend writes, so each side's DEL removes the other's.
 A host without that chain (nftables only) gets no iptables table. One `iptables-nft-restore
---noflush` per family and change: atomic, and a chain is declared only when missing (declaring
-an existing one flushes it). Nothing here knows CNI.
+--noflush` per family and change: atomic, one at a time (a lock in /run/pycni), retried if
+the table changed anyway. Nothing here knows CNI.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import ipaddress
+import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable, Iterator
 
 from cni.host import nft
 from cni.host.errors import HostError
@@ -35,6 +39,9 @@ FILTER_COMMENT = "CNI firewall plugin rules"
 ADMIN_COMMENT = "CNI firewall plugin admin overrides"
 CHAIN_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,27}")  # XT_EXTENSION_MAXNAMELEN - 1
 _TIMEOUT = 30
+_RETRIES = 3
+LOCK_DIR = "/run/pycni"
+LOCK = "xtforward.lock"
 
 
 class XtablesError(HostError):
@@ -89,26 +96,56 @@ def entry_specs(admin: str) -> list[str]:
 
 
 def add(family: int, ips: list[str], admin: str) -> None:
-    """The entry jumps (first in their chains), the chains, and each address's accepts, as far
+    """The chains, the entry jumps (first in their chains) and each address's accepts, as far
     as they are missing; one transaction."""
-    have = listing(family)
-    lines = [f":{c} - [0:0]" for c in (PRIV, admin) if f"-N {c}" not in have]
-    forward, to_admin = entry_specs(admin)
-    if forward not in have:
-        lines.append(forward.replace("-A FORWARD", "-I FORWARD 1", 1))
-    if to_admin not in have:
-        lines.append(to_admin.replace(f"-A {PRIV}", f"-I {PRIV} 1", 1))
-    lines += [s for ip in ips for s in pod_specs(ip) if s not in have]
-    if lines:
-        _restore(family, "*filter\n" + "\n".join(lines) + "\nCOMMIT\n")
+    def script(have: list[str]) -> list[str]:
+        lines = [f"-N {c}" for c in (PRIV, admin) if f"-N {c}" not in have]
+        forward, to_admin = entry_specs(admin)
+        if forward not in have:
+            lines.append(forward.replace("-A FORWARD", "-I FORWARD 1", 1))
+        if to_admin not in have:
+            lines.append(to_admin.replace(f"-A {PRIV}", f"-I {PRIV} 1", 1))
+        return lines + [s for ip in ips for s in pod_specs(ip) if s not in have]
+
+    _apply(family, script)
 
 
 def delete(family: int, ips: list[str]) -> None:
     """Each address's accepts, where present; the chains and jumps stay (as the reference's)."""
-    have = listing(family)
-    lines = [s.replace("-A ", "-D ", 1) for ip in ips for s in pod_specs(ip) if s in have]
-    if lines:
-        _restore(family, "*filter\n" + "\n".join(lines) + "\nCOMMIT\n")
+    _apply(family, lambda have: [s.replace("-A ", "-D ", 1) for ip in ips
+                                 for s in pod_specs(ip) if s in have])
+
+
+def _apply(family: int, script: Callable[[list[str]], list[str]]) -> None:
+    """Restore the lines script(listing) makes from a fresh listing; again if the table changed
+    in between (a concurrent ADD made a chain, a DEL removed a rule: the batch fails whole,
+    since `-N` of an existing chain and `-D` of a missing rule are errors; a `:chain` line would
+    flush another ADD's rules instead)."""
+    with _locked():
+        for attempt in range(_RETRIES):
+            lines = script(listing(family))
+            if not lines:
+                return
+            try:
+                _restore(family, "*filter\n" + "\n".join(lines) + "\nCOMMIT\n")
+                return
+            except XtablesError:
+                if attempt == _RETRIES - 1:
+                    raise
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """pycni's iptables changes one at a time: iptables-nft-restore replays a batch whose
+    table changed while it ran, so two first ADDs racing could each insert the FORWARD jump."""
+    os.makedirs(LOCK_DIR, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(LOCK_DIR, LOCK),
+                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def missing(family: int, ips: list[str], admin: str) -> str | None:
