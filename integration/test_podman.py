@@ -133,7 +133,7 @@ def _podman_network_round(node_netns, podman: Podman, state: Path, net: str | No
     assert body == "hello from a podman pod\n"
     assert http_get(node_netns, "127.0.0.1", HOSTPORT) == body
     ruleset = node_netns.run("nft", "list", "ruleset").stdout
-    assert f'comment "{cid} eth0"' in ruleset  # firewall's accepts, by owner
+    assert f'comment "{cid} eth0 {name}"' in ruleset  # firewall's accepts, by owner
     # The container reaches the node: the node's own address, through the bridge's gateway.
     # (busybox-static's wget crashes in a container; nc speaks the HTTP itself)
     got = podman.run("exec", "web", "/bin/sh", "-c",

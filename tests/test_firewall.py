@@ -22,7 +22,7 @@ from cni.host import forward
 pytestmark = pytest.mark.root
 
 PORT = 9000
-OWNER = "ctr-a eth0"
+OWNER = "ctr-a eth0 fwnet"
 
 
 @pytest.fixture
@@ -157,18 +157,43 @@ def test_del_removes_only_its_own_rules_and_is_idempotent(plugins, node, host) -
     add(plugins, node, pod_a)
     add(plugins, node, pod_a)  # a re-ADD replaces, never duplicates
     add(plugins, node, pod_b, cid="ctr-b")
-    assert len(pod_rules(host)) == 4 and len(pod_rules(host, "ctr-b eth0")) == 4
+    assert len(pod_rules(host)) == 4 and len(pod_rules(host, "ctr-b eth0 fwnet")) == 4
     assert sum("10.88.0.2/32" in line for line in iptables_save(host)) == 2
 
     plugins.ok("firewall", "DEL", conf(None), container_id="ctr-a", netns=pod_a.path)
     plugins.ok("firewall", "DEL", conf(None), container_id="ctr-a", netns=pod_a.path)
     assert pod_rules(host) == []
-    assert len(pod_rules(host, "ctr-b eth0")) == 4
+    assert len(pod_rules(host, "ctr-b eth0 fwnet")) == 4
     saved = iptables_save(host)
     assert not any("10.88.0.2/32" in line for line in saved)
     assert sum("10.88.0.3/32" in line for line in saved) == 2
     plugins.ok("firewall", "CHECK", conf(node.prev_result(pod_b)), container_id="ctr-b",
                netns=pod_b.path)
+
+
+def test_gc_removes_the_rules_of_this_networks_stale_attachments(plugins, node, host) -> None:
+    pod_a, pod_b = pods(node)
+    forward_policy(host, "DROP")
+    add(plugins, node, pod_a)
+    add(plugins, node, pod_b, cid="ctr-b")
+    other = {**conf(node.prev_result(pod_a)), "name": "othernet"}
+    plugins.ok("firewall", "ADD", other, container_id="ctr-c", netns=pod_a.path)
+    # Without the valid list (libcni's GC without args) nothing goes.
+    gc = conf(None) | {"cniVersion": "1.1.0"}
+    plugins.ok("firewall", "GC", gc)
+    assert len(pod_rules(host)) == 4
+    plugins.ok("firewall", "GC", gc | {"cni.dev/valid-attachments": [
+        {"containerID": "ctr-b", "ifname": "eth0"}]})
+    assert pod_rules(host) == []
+    assert len(pod_rules(host, "ctr-b eth0 fwnet")) == 4
+    assert len(pod_rules(host, "ctr-c eth0 othernet")) == 4  # another network's: kept
+    saved = iptables_save(host)
+    # pod a's address is still ctr-c's (othernet): its accepts stay; pod b's too.
+    assert sum("10.88.0.2/32" in line for line in saved) == 2
+    assert sum("10.88.0.3/32" in line for line in saved) == 2
+    plugins.ok("firewall", "GC", gc | {"name": "othernet", "cni.dev/valid-attachments": []})
+    assert pod_rules(host, "ctr-c eth0 othernet") == []
+    assert not any("10.88.0.2/32" in line for line in iptables_save(host))
 
 
 def test_check_fails_when_a_rule_is_gone(plugins, node, host) -> None:
@@ -282,7 +307,7 @@ def test_concurrent_adds_on_a_fresh_dropping_host_keep_every_rule(plugins, node,
     entry = [r for o in host.nft_ruleset()["nftables"] if "rule" in o
              for r in [o["rule"]] if r["table"] == forward.TABLE and r["chain"] == "forward"]
     assert len(entry) == 3
-    assert sum(len(pod_rules(host, f"c{n} eth0")) for n in range(len(ips))) == 2 * len(ips)
+    assert sum(len(pod_rules(host, f"c{n} eth0 fwnet")) for n in range(len(ips))) == 2 * len(ips)
 
 
 # --- the host's iptables ----------------------------------------------------------------------

@@ -44,13 +44,26 @@ _PLAIN = re.compile(r"^[A-Za-z0-9_.:@=+\-]+$")
 ENTRY = ((FORWARD, STAGE1), (FORWARD, ADMIN), (FORWARD, PODS))
 
 
-def owner_comment(container_id: str, ifname: str) -> str:
-    """The comment naming a pod rule's attachment: "<container ID> <ifname>", or a digest of it
-    when that is not plain text that fits ('=' starts no container ID)."""
-    text = f"{container_id} {ifname}"
-    if len(text) <= nft.COMMENT_MAX and _PLAIN.match(container_id) and _PLAIN.match(ifname):
+def owner_comment(container_id: str, ifname: str, network: str) -> str:
+    """The comment naming a pod rule's attachment: "<container ID> <ifname> <network>", or
+    "=<digest of ID and ifname> =<digest of network>" when that is not plain text that fits
+    ('=' starts no container ID); GC finds a network's rules by the last word."""
+    text = f"{container_id} {ifname} {network}"
+    if len(text) <= nft.COMMENT_MAX and all(_PLAIN.match(w)
+                                            for w in (container_id, ifname, network)):
         return text
-    return "=" + sha512_hex(text, 32)
+    return f"={sha512_hex(f'{container_id} {ifname}', 32)} {network_word(network)}"
+
+
+def network_word(network: str) -> str:
+    """How a network is named in the owner comments of its long-named attachments."""
+    return "=" + sha512_hex(network, 16)
+
+
+def of_network(comment: str, network: str) -> bool:
+    """Whether an owner comment is of an attachment of `network`."""
+    words = comment.split(" ")
+    return len(words) in (2, 3) and words[-1] in (network, network_word(network))
 
 
 def _addr(ip: str) -> tuple[str, str]:
@@ -83,12 +96,6 @@ class Listing(NamedTuple):
 
     def jumps(self, chain: str, target: str) -> bool:
         return any(r.get("chain") == chain and _jump(r) == target for r in self.rules)
-
-    def pod_addresses(self, comment: str | None = None) -> set[str]:
-        """The pod addresses of the rules of one owner (of every owner without one)."""
-        return {ip for r in self.rules if r.get("chain") == PODS
-                and (comment is None or r.get("comment") == comment)
-                for ip in [pod_address(r)] if ip}
 
 
 def listed() -> Listing:

@@ -12,7 +12,8 @@ Unlike the reference: `backend` "" (or "nftables") is this nftables backend, and
 "firewalld" are refused (error 2), any other value too (error 7) where the reference silently
 picks one; every key is validated before anything changes (the reference's unknown ingressPolicy
 fails after its rules are in); pod rules carry their owner (container ID, ifname) in the
-comment, so DEL needs no prevResult and a re-ADD replaces instead of adding twice.
+comment, so DEL needs no prevResult, a re-ADD replaces instead of adding twice, and GC works
+per network.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from cni import skel
 from cni.host import forward, nft, xtforward
 from cni.skel import Request
 from cni.spec.config import PluginConf, StrictStr, parse
@@ -77,29 +79,48 @@ def delete(req: Request) -> None:
     # No config value is read: the rules are found by their owner (and the prevResult's
     # addresses, for the reference's rules), so any config, even one ADD refuses, is deletable.
     comment = owner(req)
-    found: dict[str, Any] = {}
-
-    def script(_attempt: int) -> str:
-        listing = _listed()
-        found["mine"] = listing.pod_addresses(comment)
-        found["others"] = {ip for r in listing.rules if r.get("chain") == forward.PODS
-                           and r.get("comment") != comment
-                           for ip in [forward.pod_address(r)] if ip}
-        return nft.delete_rules_script(listing.owned(comment))
-
-    _apply(script)
     prev = req.prev_result if isinstance(req.prev_result, dict) else {}
     try:
         prev_ips = set(addresses(prev))
     except (KeyError, TypeError, ValueError):
         prev_ips = set()  # a DEL never fails over its config
-    gone = sorted((set(found.get("mine", ())) | prev_ips) - set(found.get("others", ())))
+    _remove(req, lambda c: c == comment, prev_ips)
+
+
+def gc(req: Request) -> int:
+    """Remove the pod rules of this network's attachments that are not in the valid list (the
+    reference's firewall has no GC); a bridge's isolation rules stay, as DEL leaves them."""
+    valid = skel.valid_attachments(req.config)
+    if valid is None:  # libcni's GC without args: stale and live look alike
+        req.log("GC without cni.dev/valid-attachments: no rule removed")
+        return 0
+    keep = {forward.owner_comment(cid, ifname, req.network) for cid, ifname in valid}
+    return _remove(req, lambda c: forward.of_network(c, req.network) and c not in keep, set())
+
+
+def _remove(req: Request, stale: Callable[[str], bool], also: set[str]) -> int:
+    """Delete the pod rules whose owner comment is `stale`, and the iptables accepts of their
+    addresses (and of `also`) that no other owner's rule still has; -> how many nft rules."""
+    found: dict[str, Any] = {}
+
+    def script(_attempt: int) -> str:
+        listing = _listed()
+        pods = [r for r in listing.rules if r.get("chain") == forward.PODS]
+        found["rules"] = [r for r in pods if stale(str(r.get("comment") or ""))]
+        handles = {r.get("handle") for r in found["rules"]}
+        found["others"] = {forward.pod_address(r) for r in pods if r.get("handle") not in handles}
+        return nft.delete_rules_script(found["rules"])
+
+    _apply(script)
+    mine = {forward.pod_address(r) for r in found.get("rules", [])} - {None}
+    gone = sorted((mine | also) - found.get("others", set()))
     for family in _families(gone):
         try:
             if xtforward.present(family):
                 xtforward.delete(family, [ip for ip in gone if _family(ip) == family])
         except (nft.NftError, xtforward.XtablesError, OSError) as e:
             req.log(f"firewall: iptables FORWARD rules of {gone} not removed: {e}")
+    return len(found.get("rules", []))
 
 
 def check(req: Request) -> None:
@@ -189,7 +210,7 @@ def isolated_bridge(conf: FirewallConf, prev: dict[str, Any]) -> str | None:
 # --- helpers ----------------------------------------------------------------------------------
 
 def owner(req: Request) -> str:
-    return forward.owner_comment(req.container_id, req.ifname)
+    return forward.owner_comment(req.container_id, req.ifname, req.network)
 
 
 def _family(ip: str) -> int:
