@@ -185,6 +185,7 @@ def test_podmans_own_networks_on_pycni_alone(which, node_netns, tmp_path) -> Non
                 conf = json.loads(written.read_text())
                 assert [p["type"] for p in conf["plugins"]] == [
                     "bridge", "portmap", "firewall", "tuning"]
+                assert conf["plugins"][2] == {"type": "firewall", "backend": ""}
                 _without_missing_plugins(written)
             elif which == "default-podman":
                 net, subnet = None, ipaddress.ip_network("10.88.0.0/16")
