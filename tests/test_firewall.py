@@ -234,8 +234,11 @@ def test_host_without_iptables_gets_no_iptables_table(plugins, node, host) -> No
     ({"backend": "nope"}, "backend"),
     ({"iptablesAdminChainName": "-A FORWARD"}, "iptablesAdminChainName"),
     ({"iptablesAdminChainName": "CNI-FORWARD"}, "iptablesAdminChainName"),
+    ({"iptablesAdminChainName": "FORWARD"}, "iptablesAdminChainName"),
+    ({"iptablesAdminChainName": "ACCEPT"}, "iptablesAdminChainName"),
     ({"firewalldZone": 3}, "firewalldZone"),
-], ids=["policy", "policy-type", "backend", "admin-chain", "admin-is-priv", "zone-type"])
+], ids=["policy", "policy-type", "backend", "admin-chain", "admin-is-priv", "admin-builtin",
+        "admin-verdict", "zone-type"])
 def test_bad_keys_are_refused_with_nothing_changed(plugins, node, host, keys, named) -> None:
     pod_a, _ = pods(node)
     forward_policy(host, "DROP")
@@ -247,6 +250,24 @@ def test_bad_keys_are_refused_with_nothing_changed(plugins, node, host, keys, na
     # DEL never fails over a config value.
     plugins.ok("firewall", "DEL", conf(node.prev_result(pod_a), **keys), container_id="ctr-a",
                netns=pod_a.path)
+
+
+def test_a_failed_iptables_add_takes_its_nft_rules_back(plugins, node, host) -> None:
+    """iptables refuses the admin chain (a target's name: "chain name may not clash with target
+    name"): ADD fails, and its pod and new isolation rules are gone again; iptables' table is as
+    it was (its batch failed whole)."""
+    pod_a, pod_b = pods(node)
+    forward_policy(host, "DROP")
+    add(plugins, node, pod_b, cid="ctr-b")
+    before = iptables_save(host)
+    code, out, _ = plugins.exec("firewall", "ADD", conf(node.prev_result(pod_a),
+                                                        iptablesAdminChainName="MARK",
+                                                        ingressPolicy="same-bridge"),
+                                container_id="ctr-a", netns=pod_a.path)
+    assert code != 0 and out["code"] == 999 and "iptables" in out["msg"], out
+    assert pod_rules(host) == [] and pod_rules(host, "same-bridge br0") == []
+    assert len(pod_rules(host, "ctr-b eth0 fwnet")) == 4
+    assert iptables_save(host) == before
 
 
 def test_isolation_needs_a_bridge_in_the_prev_result(plugins, node, host) -> None:

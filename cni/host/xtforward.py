@@ -37,6 +37,9 @@ PRIV = "CNI-FORWARD"
 DEFAULT_ADMIN = "CNI-ADMIN"
 FILTER_COMMENT = "CNI firewall plugin rules"
 ADMIN_COMMENT = "CNI firewall plugin admin overrides"
+# names an admin chain cannot have: the built-in chains, the verdicts, our own chain
+RESERVED = frozenset(("INPUT", "OUTPUT", "FORWARD", "PREROUTING", "POSTROUTING", "ACCEPT",
+                      "DROP", "RETURN", "QUEUE", "CNI-FORWARD"))
 CHAIN_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,27}")  # XT_EXTENSION_MAXNAMELEN - 1
 _TIMEOUT = 30
 _RETRIES = 3

@@ -53,13 +53,17 @@ def add(req: Request) -> Result:
     if not ips and bridge is None:
         return req.prev_result
     comment = owner(req)
+    isolated = conf.ingressPolicy == "isolated"
+    made: list[tuple[str, str]] = []  # the isolation rules this ADD added (chain, comment)
 
     def script(_attempt: int) -> str:
         listing = _listed()
         text = forward.layout_script() + nft.delete_rules_script(listing.owned(comment))
         text += forward.pod_rules(ips, comment)
         if bridge is not None:
-            text += forward.isolation_script(listing, bridge, conf.ingressPolicy == "isolated")
+            text += forward.isolation_script(listing, bridge, isolated)
+            made[:] = [(c, m) for c, m in forward.isolation_comments(bridge, isolated)
+                       if not listing.commented(c, m)]
         return text
 
     _apply(script)
@@ -69,7 +73,12 @@ def add(req: Request) -> Result:
                 xtforward.add(family, [ip for ip in ips if _family(ip) == family],
                               admin_chain(conf))
     except (nft.NftError, xtforward.XtablesError, OSError) as e:
-        _apply(lambda _a: nft.delete_rules_script(_listed().owned(comment)))  # undo ours
+        def undo(_attempt: int) -> str:
+            listing = _listed()
+            return nft.delete_rules_script(listing.owned(comment) + [
+                r for r in listing.rules if (r.get("chain"), r.get("comment")) in made])
+
+        _apply(undo)
         raise CNIError(Code.INTERNAL, f"unable to add the pod's iptables FORWARD rules: {e}") \
             from None
     return req.prev_result
@@ -170,10 +179,11 @@ def parse_config(req: Request) -> FirewallConf:
         raise invalid_config("ingressPolicy", conf.ingressPolicy,
                              f"must be one of {', '.join(POLICIES)}")
     name = conf.iptablesAdminChainName
-    if name and (not xtforward.CHAIN_NAME.fullmatch(name) or name == xtforward.PRIV):
+    if name and (not xtforward.CHAIN_NAME.fullmatch(name) or name in xtforward.RESERVED):
         raise invalid_config("iptablesAdminChainName", name,
                              "not an iptables chain name (1-28 of letters, digits, '_', '-', "
-                             f"'.', not starting with '-'; not {xtforward.PRIV})")
+                             "'.', not starting with '-'; not a built-in chain or verdict, "
+                             f"not {xtforward.PRIV})")
     return conf
 
 
