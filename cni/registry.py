@@ -31,9 +31,10 @@ PLUGINS: dict[str, str] = {
     "portmap": "cni.plugins.portmap",
     "bandwidth": "cni.plugins.bandwidth",
     "tuning": "cni.plugins.tuning",
+    "firewall": "cni.plugins.firewall",
 }
 NAMES = tuple(PLUGINS)  # the built-in names
-SUPPORTED_FROM: dict[str, str] = {"bandwidth": "0.3.0"}
+SUPPORTED_FROM: dict[str, str] = {"bandwidth": "0.3.0", "firewall": "0.4.0"}
 
 # Filled by the installed executable (install.render_multicall): name -> (target, first version
 # it speaks, "" for all). Never read from disk here: the executable carries it.

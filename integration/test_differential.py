@@ -62,6 +62,13 @@ literal strings in tests/test_parity.py.
   promisc from the link's flag (as 1.1.1; v1.9.1 reads the promiscuity count): the list and the
   tests are in cni/plugins/tuning.py and tests/test_tuning.py. v1.9.1 has no tuning binary in
   shared/reference/bin, so test_tuning compares with 1.1.1 (without txQLen, which it lacks).
+- DELIBERATE firewall: `backend` "" (or "nftables") is pycni's nftables backend; "iptables" and
+  "firewalld" are refused (2), any other value too (7; the reference picks one silently). pycni's
+  own `inet cni_firewall` table holds the accepts and the ingressPolicy isolation (the
+  reference's CNI-ISOLATION-STAGE chains are iptables'); where iptables' filter FORWARD chain
+  exists, the reference's CNI-FORWARD rules are written there as well, with iptables-nft, the
+  same lines in iptables-save (test_firewall). Every key is checked before any change: the
+  reference's unknown ingressPolicy fails after its accepts are in, and they stay.
 - the reference 1.1.1 speaks spec <= 1.0.0, so the conflists here do too (v1.9.1's comparison
   runs every version up to 1.1.0).
 """
@@ -398,6 +405,85 @@ def test_tuning(sides) -> None:
         code, out = side.run("DEL", conf, "pod1", cap_args=cap, prev=outs[label])
         assert code == 0, out
         assert host_veths(side.plugins.host) == []
+
+
+# ---- firewall -------------------------------------------------------------------------------
+
+
+def outside(side: Side, made: list[Netns]) -> str:
+    """A neighbour of the node (192.168.79.2) that pod traffic reaches through FORWARD."""
+    host = side.plugins.host
+    ns = new_netns(f"pycni-diff-{side.label}-out")
+    made.append(ns)
+    host.run("ip", "link", "add", "vout", "type", "veth", "peer", "name", "eth0", "netns",
+             ns.name)
+    host.run("ip", "addr", "add", "192.168.79.1/24", "dev", "vout")
+    host.run("ip", "link", "set", "vout", "up")
+    ns.run("ip", "addr", "add", "192.168.79.2/24", "dev", "eth0")
+    ns.run("ip", "link", "set", "eth0", "up")
+    return "192.168.79.2"
+
+
+def cni_forward(host: Netns) -> list[str]:
+    """The CNI-FORWARD / CNI-ADMIN part of iptables-save (the reference's iptables layout)."""
+    lines = host.run("iptables-save", "-t", "filter").stdout.splitlines()
+    return [line for line in lines if "CNI-FORWARD" in line or "CNI-ADMIN" in line
+            or "MY-ADMIN" in line]
+
+
+@pytest.mark.parametrize("keys", [
+    {}, {"backend": ""}, {"ingressPolicy": "open"}, {"iptablesAdminChainName": "MY-ADMIN"},
+    {"firewalldZone": "trusted"}, {"ingressPolicy": "same-bridge"},
+], ids=["default", "backend-empty", "open", "admin-chain", "zone", "same-bridge"])
+def test_firewall(sides, keys) -> None:
+    """The chain podman writes (bridge, portmap, firewall) on a node whose iptables FORWARD
+    drops (as Docker leaves it): same result, the pod reaches a neighbour through FORWARD on
+    both, the same CNI-FORWARD rules in iptables-save (ours: pycni's inet cni_firewall table
+    as well), CHECK passes, DEL takes the pod's accepts back."""
+    need("iptables")
+    conf = bridge_conf("fw-diff", ["10.86.0.0/24"], more=[
+        {"type": "portmap", "capabilities": {"portMappings": True}},
+        {"type": "firewall", **keys}])
+    made: list[Netns] = []
+    try:
+        for side in sides.values():
+            side.plugins.host.run("sysctl", "-qw", "net.ipv4.ip_forward=1")
+            side.plugins.host.run("iptables", "-P", "FORWARD", "DROP")
+            far = outside(side, made)
+        outs = both(sides, "ADD", conf, "pod1")
+        same(sides, outs)
+        assert_reachability(sides, [far])
+        assert cni_forward(sides["ours"].plugins.host) == cni_forward(sides["ref"].plugins.host)
+        assert any("10.86.0.2/32" in line for line in cni_forward(sides["ours"].plugins.host))
+        both(sides, "CHECK", conf, "pod1", prevs=outs)
+        for label, side in sides.items():
+            code, out = side.run("DEL", conf, "pod1", prev=outs[label])
+            assert code == 0, out
+            assert not any("10.86.0.2" in line for line in cni_forward(side.plugins.host))
+        assert "ctr-pod1" not in sides["ours"].plugins.host.run("nft", "list", "ruleset").stdout
+    finally:
+        for ns in made:
+            delete_netns(ns)
+
+
+def test_firewall_refuses_what_the_reference_half_applies(sides) -> None:
+    """DELIBERATE: an unknown ingressPolicy fails the reference's ADD after its accepts are in
+    (they stay); ours refuses it (7) before changing anything. backend "iptables" is refused
+    (2): pycni has the nftables backend only."""
+    need("iptables")
+    for side in sides.values():
+        side.plugins.host.run("iptables", "-P", "FORWARD", "DROP")
+    bad = bridge_conf("fw-bad", ["10.87.0.0/24"], more=[
+        {"type": "firewall", "ingressPolicy": "nope"}])
+    codes = {label: side.run("ADD", bad, "pod1") for label, side in sides.items()}
+    assert all(code != 0 for code, _ in codes.values()), codes
+    assert codes["ours"][1]["error"]["code"] == 7, codes["ours"]
+    assert any("10.87.0.2/32" in line for line in cni_forward(sides["ref"].plugins.host))
+    assert not any("10.87.0.2" in line for line in cni_forward(sides["ours"].plugins.host))
+    iptables = bridge_conf("fw-ipt", ["10.87.0.0/24"], more=[
+        {"type": "firewall", "backend": "iptables"}])
+    code, out = sides["ours"].run("ADD", iptables, "pod2")
+    assert code != 0 and out["error"]["code"] == 2, out
 
 
 # ---- where we differ on purpose -------------------------------------------------------------

@@ -92,6 +92,106 @@ def test_podman_cni_hostport_answers_and_rm_leaves_nothing(conflist, node_netns,
             assert http_get(node_netns, NODE_ADDR, HOSTPORT) == ""
 
 
+# ---- podman's own networks: `podman network create` and the default "podman" network ----------
+#
+# podman 4 writes (and, for "podman", generates) bridge + portmap + firewall + tuning: run as
+# written, every plugin pycni's own.
+
+NODE_PORT = 18081  # the node's own server the container reaches
+
+
+def _podman_network_round(node_netns, podman: Podman, state: Path, net: str | None,
+                          subnet: ipaddress.IPv4Network, rootfs: Path) -> None:
+    """podman run -p on `net` (None: podman's default network): the hostPort answers, the
+    container reaches the node, CHECK-free `podman rm` leaves nothing."""
+    network = ["--network", net] if net else []
+    cid = podman.run("run", "-d", "--name", "web", *network, "-p", f"{HOSTPORT}:80",
+                     "--rootfs", str(rootfs), "/bin/httpd", "-f", "-p", "80", "-h",
+                     "/www").stdout.strip()
+    assert cid
+    inspect = json.loads(podman.run("inspect", "web").stdout)[0]
+    name = net or "podman"
+    ip = inspect["NetworkSettings"]["Networks"][name]["IPAddress"]
+    assert ipaddress.ip_address(ip) in subnet
+    body = wait_for("the hostPort to answer",
+                    lambda: http_get(node_netns, NODE_ADDR, HOSTPORT), timeout=20)
+    assert body == "hello from a podman pod\n"
+    assert http_get(node_netns, "127.0.0.1", HOSTPORT) == body
+    ruleset = node_netns.run("nft", "list", "ruleset").stdout
+    assert f'comment "{cid} eth0 {name}"' in ruleset  # firewall's accepts, by owner
+    # The container reaches the node: the node's own address, through the bridge's gateway.
+    # (busybox-static's wget crashes in a container; nc speaks the HTTP itself)
+    got = podman.run("exec", "web", "/bin/sh", "-c",
+                     f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {NODE_ADDR} {NODE_PORT}",
+                     check=False)
+    assert got.stdout.endswith("hello from the node\n"), (got.returncode, got.stderr)
+
+    podman.run("rm", "--force", "--time", "0", "web", timeout=60)
+    assert podman.run("ps", "-aq").stdout.strip() == ""
+    assert leftovers(node_netns.ip, state, name, [cid]) == []
+    assert cid not in node_netns.run("nft", "list", "ruleset").stdout
+    assert http_get(node_netns, NODE_ADDR, HOSTPORT) == ""
+
+
+def _node_server(node: Node, www: Path) -> subprocess.Popen:
+    """busybox httpd in the node's netns on NODE_ADDR:NODE_PORT (killed by the caller)."""
+    www.mkdir(parents=True, exist_ok=True)
+    (www / "index.html").write_text("hello from the node\n")
+    return node.popen("busybox", "httpd", "-f", "-p", f"{NODE_ADDR}:{NODE_PORT}", "-h",
+                      str(www), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("which", ["network-create", "default-podman", "default-generated"])
+def test_podmans_own_networks_on_pycni_alone(which, node_netns, tmp_path) -> None:
+    """The conflist `podman network create` writes, and podman's default network, with only
+    pycni in cni_plugin_dirs: the hostPort answers, the container reaches the node, `podman rm`
+    leaves nothing (links, reservations, cached results, nft rules)."""
+    need("podman", "conmon", "runc", "nsenter", "unshare", "curl", "busybox")
+    node_netns.run("ip", "addr", "add", f"{NODE_ADDR}/32", "dev", "lo")
+    bin_dir, conf_dir = install(tmp_path / "cni", CHAIN, cni_version="1.0.0")
+    for ours in conf_dir.glob("*.conflist"):  # podman's own networks only
+        ours.unlink()
+    rootfs = busybox_rootfs(tmp_path / "rootfs", www="hello from a podman pod\n")
+    state = tmp_path / "var-lib-cni"
+    node = Node(node_netns.name, bin_dir=bin_dir, conf_dir=conf_dir, state_dir=state)
+    with cleanup(node.stop):
+        server = _node_server(node, tmp_path / "node-www")
+        podman = Podman(node, tmp_path / "podman", bin_dir, conf_dir)
+        with cleanup(podman.stop, server.kill, server.wait):
+            if which == "network-create":
+                net: str | None = "pmnet"
+                subnet = ipaddress.ip_network("10.79.0.0/24")
+                podman.run("network", "create", "--subnet", str(subnet), net)
+                written = conf_dir / f"{net}.conflist"
+                conf = json.loads(written.read_text())
+                assert [p["type"] for p in conf["plugins"]] == [
+                    "bridge", "portmap", "firewall", "tuning"]
+                assert conf["plugins"][2] == {"type": "firewall", "backend": ""}
+            elif which == "default-podman":
+                net, subnet = None, ipaddress.ip_network("10.88.0.0/16")
+                # Debian's podman ships "podman" as 87-podman-bridge.conflist in net.d.
+                written = conf_dir / "87-podman-bridge.conflist"
+                written.write_text(json.dumps(PODMAN_DEFAULT, indent=2))
+            else:  # no file: podman 4 makes its default network in memory
+                net, subnet = None, ipaddress.ip_network("10.88.0.0/16")
+            _podman_network_round(node_netns, podman, state, net, subnet, rootfs)
+
+
+# podman 4.3's default network as Debian's podman package ships it (87-podman-bridge.conflist)
+PODMAN_DEFAULT = {
+    "cniVersion": "0.4.0", "name": "podman",
+    "plugins": [
+        {"type": "bridge", "bridge": "cni-podman0", "isGateway": True, "ipMasq": True,
+         "hairpinMode": True,
+         "ipam": {"type": "host-local", "routes": [{"dst": "0.0.0.0/0"}],
+                  "ranges": [[{"subnet": "10.88.0.0/16", "gateway": "10.88.0.1"}]]}},
+        {"type": "portmap", "capabilities": {"portMappings": True}},
+        {"type": "firewall"},
+        {"type": "tuning"},
+    ],
+}
+
+
 def test_podman_sees_only_our_plugins(node_netns, tmp_path) -> None:
     """cni_plugin_dirs is the install dir only: a type that is not there fails, naming it."""
     need("podman", "conmon", "runc", "nsenter", "unshare")

@@ -30,7 +30,7 @@ from cnitest import BIN, ROOT, VENV_PY, Netns, delete_netns, new_netns
 
 REFERENCE = ROOT.parent / "shared" / "reference" / "bin"  # v1.9.1 plugins, cnitool 1.3
 CNITOOL = REFERENCE / "cnitool"
-PLUGINS = ("bridge", "host-local", "loopback", "portmap", "bandwidth", "tuning")
+PLUGINS = ("bridge", "host-local", "loopback", "portmap", "bandwidth", "tuning", "firewall")
 CACHE = Path("/var/lib/cni")
 RECORD_PREFIX = "pycni-att-"  # portmap's per-attachment record chains (cni.host.hostport)
 STORE = CACHE / "networks"

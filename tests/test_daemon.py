@@ -184,9 +184,11 @@ def scenario(name: str, tmp: Path) -> list[dict]:
                             "egressRate": 20 * MBIT, "egressBurst": 160_000}}}
     tuning = base | {"type": "tuning", "dataDir": str(tmp / "tuning"), "mtu": 1400,
                      "mac": "02:77:00:00:00:01", "sysctl": {"net.ipv4.conf.IFNAME.rp_filter": "2"}}
+    firewall = base | {"type": "firewall", "ingressPolicy": "same-bridge"}
     return {"loopback": [loopback], "host-local": [base | {"type": "host-local", "ipam": ipam}],
             "bridge": [bridge], "portmap": [bridge, portmap], "bandwidth": [bridge, bandwidth],
-            "tuning": [bridge, tuning], "chain": [loopback, bridge, portmap, bandwidth]}[name]
+            "tuning": [bridge, tuning], "firewall": [bridge, portmap, firewall],
+            "chain": [loopback, bridge, portmap, bandwidth]}[name]
 
 
 def run_chain(plugins: Plugins, pod: Netns, confs: list[dict], env: dict) -> list[tuple]:
@@ -227,7 +229,7 @@ def normalize(steps: list[tuple], pod: Netns, tmp: Path) -> list[tuple]:
 
 
 @pytest.mark.parametrize("name", ["loopback", "host-local", "bridge", "portmap", "bandwidth",
-                                  "tuning", "chain"])
+                                  "tuning", "firewall", "chain"])
 def test_daemon_and_in_process_give_the_same_bytes(name, netns_factory, start_daemon,
                                                    tmp_path) -> None:
     host_a, host_b = netns_factory("pycni-host"), netns_factory("pycni-host")
@@ -253,6 +255,26 @@ def test_the_daemon_acts_in_the_callers_namespace(netns_factory, start_daemon, t
     assert "idbr0" in caller.links() and "idbr0" not in home.links()
     assert (tmp_path / "ipam" / "idnet").is_dir()  # the caller's mount namespace
     Plugins(caller).ok("bridge", "DEL", conf, netns=pod.path, env=daemon.env)
+
+
+def test_firewall_through_the_daemon_writes_the_callers_iptables(netns_factory, start_daemon,
+                                                                tmp_path) -> None:
+    """firewall's iptables-nft runs in the caller's namespace (a dropping FORWARD there), not
+    the daemon's."""
+    home, caller, pod = (netns_factory("pycni-host"), netns_factory("pycni-host"),
+                         netns_factory("pycni-pod"))
+    caller.run("iptables-nft", "-P", "FORWARD", "DROP")
+    daemon = start_daemon(home)
+    bridge, portmap, firewall = scenario("firewall", tmp_path)
+    prev = Plugins(caller).ok("bridge", "ADD", bridge, netns=pod.path, env=daemon.env)
+    Plugins(caller).ok("firewall", "ADD", firewall | {"prevResult": prev}, netns=pod.path,
+                       env=daemon.env)
+    daemon.wait_served(2)
+    assert "-A CNI-FORWARD -s 10.77.0.2/32 -j ACCEPT" in caller.run("iptables-save").stdout
+    assert "CNI-FORWARD" not in home.run("iptables-save").stdout
+    assert "cni_firewall" not in home.run("nft", "list", "tables").stdout
+    Plugins(caller).ok("firewall", "DEL", firewall, netns=pod.path, env=daemon.env)
+    assert "10.77.0.2" not in caller.run("iptables-save").stdout
 
 
 def test_shim_on_the_daemon_path_imports_only_cheap_stdlib(host, pod, start_daemon,

@@ -44,6 +44,7 @@ PORTMAP: dict[str, Any] = {"type": "portmap", "capabilities": {"portMappings": T
 BANDWIDTH: dict[str, Any] = {"type": "bandwidth", "capabilities": {
     "bandwidth": True, "io.kubernetes.cri.pod-annotations": True}}
 TUNING: dict[str, Any] = {"type": "tuning", "dataDir": "/run/pycni/test-tuning", "mtu": 1400}
+FIREWALL: dict[str, Any] = {"type": "firewall"}
 MAPPING = {"hostPort": 18080, "containerPort": 80, "protocol": "tcp"}
 ANNOTATIONS = "io.kubernetes.cri.pod-annotations"
 
@@ -137,6 +138,15 @@ HOST_LOCAL_CASES = [
     Case({}, {"ips": ["ten"]}, 7, 'runtimeConfig.ips.0 "ten"'),
 ]
 
+FIREWALL_CASES = [
+    Case({"backend": "iptables"}, {}, 2, 'backend "iptables"'),
+    Case({"backend": "firewalld"}, {}, 2, 'backend "firewalld"'),
+    Case({"backend": "ebpf"}, {}, 7, 'backend "ebpf"'),
+    Case({"backend": 5}, {}, 7, "backend: 5"),
+    Case({"ingressPolicy": "bogus"}, {}, 7, 'ingressPolicy "bogus"'),
+    Case({"iptablesAdminChainName": "-X"}, {}, 7, 'iptablesAdminChainName "-X"'),
+    Case({"firewalldZone": 3}, {}, 7, "firewalldZone: 3"),
+]
 PORTMAP_CASES = [
     Case({"backend": "iptables"}, {}, 2, 'backend "iptables"'),
     Case({"backend": "ebpf"}, {}, 7, 'backend "ebpf"'),
@@ -276,10 +286,12 @@ def test_bridge_and_host_local_refused_configs_are_deletable(libcni: Libcni, hos
 @pytest.mark.parametrize("plugin,base,case",
                          [("portmap", PORTMAP, c) for c in PORTMAP_CASES]
                          + [("bandwidth", BANDWIDTH, c) for c in BANDWIDTH_CASES]
-                         + [("tuning", TUNING, c) for c in TUNING_CASES],
+                         + [("tuning", TUNING, c) for c in TUNING_CASES]
+                         + [("firewall", FIREWALL, c) for c in FIREWALL_CASES],
                          ids=[f"portmap-{i}" for i in ids(PORTMAP_CASES)]
                          + [f"bandwidth-{i}" for i in ids(BANDWIDTH_CASES)]
-                         + [f"tuning-{i}" for i in ids(TUNING_CASES)])
+                         + [f"tuning-{i}" for i in ids(TUNING_CASES)]
+                         + [f"firewall-{i}" for i in ids(FIREWALL_CASES)])
 def test_a_refusing_chained_plugin_lets_the_bridge_del_run(libcni: Libcni, host: Netns,
                                                            pod: Netns, plugin: str,
                                                            base: dict[str, Any],

@@ -17,7 +17,14 @@ from typing import Any
 
 import pytest
 from cnitest import BIN, Netns
-from libcni_util import REFERENCE, Daemon, Libcni, host_leftovers, leftovers, module_daemon
+from libcni_util import (
+    REFERENCE,
+    Daemon,
+    Libcni,
+    host_leftovers,
+    leftovers,
+    module_daemon,
+)
 from portmap_util import SERVER, Servers, ask
 
 pytestmark = pytest.mark.root
@@ -68,11 +75,12 @@ def pod_ips(result: dict[str, Any]) -> dict[int, ipaddress.IPv4Interface | ipadd
     return out
 
 
-def added(libcni: Libcni, name: str, pod: Netns, cap: dict[str, Any] | None = None
-          ) -> tuple[str, dict[str, Any]]:
-    """ADD then CHECK the file `name` verbatim; -> (network, ADD's result). The result is in
-    the conflist's version, and the pod holds exactly its addresses."""
-    text, conf = load(name)
+def added(libcni: Libcni, name: str, pod: Netns, cap: dict[str, Any] | None = None,
+          text: str | None = None) -> tuple[str, dict[str, Any]]:
+    """ADD then CHECK the file `name` verbatim (or `text` made of it); -> (network, ADD's
+    result). The result is in the conflist's version, and the pod holds exactly its
+    addresses."""
+    text, conf = (text, json.loads(text)) if text is not None else load(name)
     network = libcni.write(text)
     result = json.loads(libcni.ok("add", network, pod, cap_args=cap))
     assert result["cniVersion"] == conf["cniVersion"]
@@ -153,6 +161,30 @@ def test_containerd_example_conflist(libcni: Libcni, node: Netns, pod: Netns,
         assert ask(node, "tcp", NODE[family], HOST_PORT).split()[0] == "pod", family
         pings(pod, gateways(result)[family])
     removed(libcni, node, network, pod, {"portMappings": MAPPINGS})
+
+
+@pytest.mark.parametrize("forward", ["nftables-only", "iptables-drop"])
+def test_podman_default_conflist(libcni: Libcni, node: Netns, pod: Netns, servers: Servers,
+                                 forward: str) -> None:
+    """Debian's podman 4.3.1 default network (bridge cni-podman0, portmap, firewall, tuning),
+    on a node with no iptables and on one whose iptables FORWARD drops (Docker's): ADD, CHECK,
+    the hostPort answers, the pod reaches the node, the firewall's accepts are in iptables'
+    FORWARD where it exists, DEL leaves nothing. The file as Debian ships it, every plugin
+    pycni's own."""
+    name = "87-podman-bridge.conflist"
+    text, conf = load(name)
+    assert [p["type"] for p in conf["plugins"]] == ["bridge", "portmap", "firewall", "tuning"]
+    if forward == "iptables-drop":
+        node.run("iptables-nft", "-P", "FORWARD", "DROP")
+    network, result = added(libcni, name, pod, {"portMappings": MAPPINGS}, text=text)
+    pod_ip = str(pod_ips(result)[4].ip)
+    servers.start(pod, "tcp", POD_PORT, "pod")
+    assert ask(node, "tcp", NODE[4], HOST_PORT).split()[0] == "pod"
+    pings(pod, NODE[4])
+    saved = node.run("iptables-nft-save").stdout
+    assert (f"-A CNI-FORWARD -s {pod_ip}/32 -j ACCEPT" in saved) is (forward != "nftables-only")
+    removed(libcni, node, network, pod, {"portMappings": MAPPINGS})
+    assert pod_ip not in node.run("iptables-nft-save").stdout
 
 
 @pytest.mark.parametrize("name,families", [("10-crio-bridge.conflist", (4, 6)),

@@ -1,0 +1,158 @@
+"""Pod accepts in the host's iptables FORWARD chain, for a host whose iptables (iptables-nft)
+drops forwarded traffic (Docker sets `iptables -P FORWARD DROP`).
+
+Every base chain at a hook must accept a packet: an accept in pycni's own nft table does not
+override a drop in `ip filter FORWARD`. So where that chain exists, the firewall plugin also
+writes the reference's iptables layout there, with iptables-nft itself (rules written in nft
+syntax into iptables' table would list as garbage in iptables-save):
+
+    -A FORWARD -m comment --comment "CNI firewall plugin rules" -j CNI-FORWARD      (first)
+    -A CNI-FORWARD -m comment --comment "CNI firewall plugin admin overrides" -j CNI-ADMIN
+    -A CNI-FORWARD -d P/32 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+    -A CNI-FORWARD -s P/32 -j ACCEPT
+
+the very rules the reference's iptables backend writes, so each side's DEL removes the other's.
+A host without that chain (nftables only) gets no iptables table. One `iptables-nft-restore
+--noflush` per family and change: atomic, one at a time (a lock in /run/pycni), retried if
+the table changed anyway. Nothing here knows CNI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+
+from cni.host import nft
+from cni.host.errors import HostError
+
+NFT_FAMILY = {4: "ip", 6: "ip6"}
+TOOLS = {4: ("iptables-nft", "iptables-nft-restore"), 6: ("ip6tables-nft", "ip6tables-nft-restore")}
+PRIV = "CNI-FORWARD"
+DEFAULT_ADMIN = "CNI-ADMIN"
+FILTER_COMMENT = "CNI firewall plugin rules"
+ADMIN_COMMENT = "CNI firewall plugin admin overrides"
+# names an admin chain cannot have: the built-in chains, the verdicts, our own chain
+RESERVED = frozenset(("INPUT", "OUTPUT", "FORWARD", "PREROUTING", "POSTROUTING", "ACCEPT",
+                      "DROP", "RETURN", "QUEUE", "CNI-FORWARD"))
+CHAIN_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,27}")  # XT_EXTENSION_MAXNAMELEN - 1
+_TIMEOUT = 30
+_RETRIES = 3
+LOCK_DIR = "/run/pycni"
+LOCK = "xtforward.lock"
+
+
+class XtablesError(HostError):
+    """iptables-nft refused or is missing; the message is its own."""
+
+
+def present(family: int) -> bool:
+    """Whether the host has iptables' filter FORWARD chain (in nftables, iptables-nft's)."""
+    return bool(nft.list_json(f"chain {NFT_FAMILY[family]} filter FORWARD"))
+
+
+def _tool(family: int, which: int) -> str:
+    name = TOOLS[family][which]
+    path = shutil.which(name, path="/usr/sbin:/sbin:/usr/bin:/bin")
+    if path is None:
+        raise XtablesError(f"{name} not found: the host has an iptables filter FORWARD chain "
+                           f"({NFT_FAMILY[family]} filter) the pod rules must go into")
+    return path
+
+
+def listing(family: int) -> list[str]:
+    """`iptables-nft -t filter -S`: the filter table as rule specs."""
+    proc = subprocess.run([_tool(family, 0), "-w", "-t", "filter", "-S"], capture_output=True,
+                          text=True, timeout=_TIMEOUT)
+    if proc.returncode != 0:
+        raise XtablesError(f"{TOOLS[family][0]} -S: {proc.stderr.strip()}")
+    return proc.stdout.splitlines()
+
+
+def _restore(family: int, script: str) -> None:
+    proc = subprocess.run([_tool(family, 1), "-w", "--noflush"], input=script,
+                          capture_output=True, text=True, timeout=_TIMEOUT)
+    if proc.returncode != 0:
+        raise XtablesError(f"{TOOLS[family][1]}: {proc.stderr.strip() or 'failed'}")
+
+
+def _prefix(ip: str) -> str:
+    addr = ipaddress.ip_address(ip)
+    return f"{addr}/{addr.max_prefixlen}"
+
+
+def pod_specs(ip: str) -> list[str]:
+    """The address's accepts in CNI-FORWARD, as `-S` prints them."""
+    p = _prefix(ip)
+    return [f"-A {PRIV} -d {p} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+            f"-A {PRIV} -s {p} -j ACCEPT"]
+
+
+def entry_specs(admin: str) -> list[str]:
+    return [f'-A FORWARD -m comment --comment "{FILTER_COMMENT}" -j {PRIV}',
+            f'-A {PRIV} -m comment --comment "{ADMIN_COMMENT}" -j {admin}']
+
+
+def add(family: int, ips: list[str], admin: str) -> None:
+    """The chains, the entry jumps (first in their chains) and each address's accepts, as far
+    as they are missing; one transaction."""
+    def script(have: list[str]) -> list[str]:
+        lines = [f"-N {c}" for c in (PRIV, admin) if f"-N {c}" not in have]
+        forward, to_admin = entry_specs(admin)
+        if forward not in have:
+            lines.append(forward.replace("-A FORWARD", "-I FORWARD 1", 1))
+        if to_admin not in have:
+            lines.append(to_admin.replace(f"-A {PRIV}", f"-I {PRIV} 1", 1))
+        return lines + [s for ip in ips for s in pod_specs(ip) if s not in have]
+
+    _apply(family, script)
+
+
+def delete(family: int, ips: list[str]) -> None:
+    """Each address's accepts, where present; the chains and jumps stay (as the reference's)."""
+    _apply(family, lambda have: [s.replace("-A ", "-D ", 1) for ip in ips
+                                 for s in pod_specs(ip) if s in have])
+
+
+def _apply(family: int, script: Callable[[list[str]], list[str]]) -> None:
+    """Restore the lines script(listing) makes from a fresh listing; again if the table changed
+    in between (a concurrent ADD made a chain, a DEL removed a rule: the batch fails whole,
+    since `-N` of an existing chain and `-D` of a missing rule are errors; a `:chain` line would
+    flush another ADD's rules instead)."""
+    with _locked():
+        for attempt in range(_RETRIES):
+            lines = script(listing(family))
+            if not lines:
+                return
+            try:
+                _restore(family, "*filter\n" + "\n".join(lines) + "\nCOMMIT\n")
+                return
+            except XtablesError:
+                if attempt == _RETRIES - 1:
+                    raise
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """pycni's iptables changes one at a time: iptables-nft-restore replays a batch whose
+    table changed while it ran, so two first ADDs racing could each insert the FORWARD jump."""
+    os.makedirs(LOCK_DIR, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(LOCK_DIR, LOCK),
+                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def missing(family: int, ips: list[str], admin: str) -> str | None:
+    """The first expected rule that is not there (None: all are)."""
+    have = listing(family)
+    return next((s for s in entry_specs(admin) + [s for ip in ips for s in pod_specs(ip)]
+                 if s not in have), None)
