@@ -547,6 +547,9 @@ def main() -> int:
     parser.add_argument("--crio-pods", type=int, default=10,
                         help="pods through CRI-O per side (pycni+daemon, v1.9.1), one at a time "
                              "(0: none)")
+    parser.add_argument("--pod-cpu", type=int, default=10,
+                        help="pods per side for the CPU-per-pod rows (bench/pod_cpu.py: cnitool, "
+                             "CRI-O's requests; pycni+daemon vs v1.9.1; 0: none)")
     parser.add_argument("--trip-runs", type=int, default=20,
                         help="pods per side for the trip rows (issue 38; 0: none)")
     parser.add_argument("--trip-only", action="store_true",
@@ -582,6 +585,7 @@ def main() -> int:
     daemon_kb: dict[str, int] = {}
     burst_kb: dict[str, int] = {}
     full_node: list[str] = []
+    cpu_rows: list[tuple[str, dict[str, str]]] = []
     try:
         note_load("start")
         bench_version(sides, args.version_runs, s)
@@ -611,6 +615,12 @@ def main() -> int:
 
             bench_crio([V19, "pycni+daemon"], args.crio_pods, s.add, s.errors.append)
             note_load("after CRI-O")
+        if args.pod_cpu and any(side.name == V19 for side in sides):
+            from pod_cpu import rows as pod_cpu_rows  # its own nodes, daemon, cgroups
+
+            (tmp / "pod-cpu").mkdir()
+            cpu_rows = pod_cpu_rows(tmp / "pod-cpu", ours, args.pod_cpu)
+            note_load("after CPU per pod")
         if not args.no_full_node:
             from fullnode import run_section  # its own nodes, daemon and cnitool
 
@@ -628,9 +638,10 @@ def main() -> int:
              f"{args.cri_pods} pods through containerd's CRI per side "
              f"({args.cri_pods_no_daemon} without the daemon), one at a time, interleaved; "
              f"{args.crio_pods} pods through CRI-O 1.33 per side (pycni+daemon, {V19}), one at "
-             "a time, interleaved", ""]
+             f"a time, interleaved; trip rows: {args.trip_runs} pods per side; CPU per pod: "
+             f"{args.pod_cpu} pods per side", ""]
     lines.append(table(s, sides, rss_lines(s, sides, daemon_kb, burst_kb)
-                       + trip_lines(trip, sides)))
+                       + trip_lines(trip, sides) + cpu_rows))
     if full_node:
         lines += ["", *full_node]
     if s.error_lines() or trip.error_lines():
