@@ -54,7 +54,7 @@ SYSCALLS = {0: "read", 1: "write", 3: "close", 5: "fstat", 7: "poll", 8: "lseek"
             228: "clock_gettime", 232: "epoll_wait", 233: "epoll_ctl", 257: "openat",
             262: "newfstatat", 267: "readlinkat", 281: "epoll_pwait", 288: "accept4",
             308: "setns", 318: "getrandom", 332: "statx", 435: "clone3", 441: "epoll_pwait2"}
-NR_SENDTO, NR_SENDMSG, NR_RECVMSG, NR_SETNS = 44, 46, 47, 308
+NR_SENDTO, NR_SENDMSG, NR_RECVMSG, NR_SETNS, NR_UMASK, NR_PRCTL = 44, 46, 47, 308, 95, 157
 LINE = re.compile(r"^\s*(.*?)\s+(\d+)/(\d+)\s+\[(\d+)\]\s+([\d.]+):\s+(\S+):\s*(.*)$")
 
 
@@ -166,6 +166,11 @@ def check_steps(tr: Trace, shim: int, t0: float, daemon: int) -> dict[str, float
                        None)
     shim_in = tr.switched_in(shim, reply.t)
     end = ready.t if ready else reply.t
+    entered = tr.first(lambda e: nr(e) == NR_UMASK, ack.t, spare)  # enter_caller's last call
+    done = next((e for e in reversed(tr.by_tid[spare]) if e.t < reply.t and nr(e) == NR_PRCTL),
+                None)  # set_name(DONE), right before the reply
+    if not (entered and done and entered.t < done.t):
+        entered = done = None
     count = lambda a, b: sum(1 for e in tr.by_tid[spare]  # noqa: E731
                              if a <= e.t <= b and nr(e) == NR_SETNS)
     ms = lambda a, b: (b - a) * 1000 if a is not None and b is not None else float("nan")  # noqa: E731
@@ -173,6 +178,7 @@ def check_steps(tr: Trace, shim: int, t0: float, daemon: int) -> dict[str, float
         "shim: exec -> connect (interpreter, shim imports, fds, request)": ms(t0, connect.t),
         "shim: connect -> sendmsg returned": ms(connect.t, sent.t),
         "parent: connect -> its first syscall (woken, on a CPU)": ms(connect.t, d_in.t),
+        "parent ran before the request was sent (1 yes)": float(d_in.t < sent.t),
         "spare came home after this connect (waited for it: 1 yes)": float(
             back_before is not None and back_before.t > connect.t),
         "parent: request sent -> spare woken (read, queue, wait for a spare, hand over)": ms(
@@ -180,6 +186,11 @@ def check_steps(tr: Trace, shim: int, t0: float, daemon: int) -> dict[str, float
         "spare: woken -> on a CPU": ms(wake_s.t, s_in),
         "spare: on a CPU -> ACK sent (take_job)": ms(s_in, ack.t),
         "spare: ACK -> reply sent (enter the caller, skel.run, encode)": ms(ack.t, reply.t),
+        "  of which: ACK -> the caller entered (same_ns x2, fchdir, environ, umask)": ms(
+            ack.t, entered.t if entered else None),
+        "  of which: skel.run (umask -> set_name DONE)": ms(entered.t if entered else None,
+                                                           done.t if done else None),
+        "  of which: DONE -> reply sent (encode)": ms(done.t if done else None, reply.t),
         "shim: reply sent -> shim on a CPU": ms(reply.t, shim_in),
         "shim: on a CPU -> exit (relay, _exit)": ms(shim_in, exit_ev.t),
         "exec -> exit (whole exec)": ms(t0, exit_ev.t),
@@ -217,7 +228,8 @@ def timeline(tr: Trace, tid: int, start: float, end: float,
         elif e.name == "sched:sched_switch" and e.field("prev_pid") == str(tid):
             out.append((e.t, f"| {label} | {(e.t - start) * 1e6:.0f} | (off CPU: "
                              f"{e.field('prev_state')}) | |"))
-        elif e.name == "sched:sched_switch" and e.field("next_pid") == str(tid):
+    for e in tr.events[bisect.bisect_left(tr.times, start):bisect.bisect_right(tr.times, end)]:
+        if e.name == "sched:sched_switch" and e.field("next_pid") == str(tid):
             out.append((e.t, f"| {label} | {(e.t - start) * 1e6:.0f} | (on CPU) | |"))
     return out
 
@@ -347,11 +359,12 @@ def main() -> int:
     print(f"load (1-min) {load:.1f} on {os.cpu_count()} CPUs; {args.rounds} rounds; spares' "
           f"policy at rest: {sorted(set(policies.values()))} (0 OTHER, 5 IDLE)\n{in_process}\n")
     cols = ["floor", "VERSION", "CHECK", "CHECK 1 ms after"]
-    print("| step (median ms; counts: median) | " + " | ".join(cols) + " |")
+    print("| step (ms or count: median / mean) | " + " | ".join(cols) + " |")
     print("| --- |" + " --- |" * len(cols))
     keys = list(dict.fromkeys(k for c in cols for k in rows[c]))
     for k in keys:
-        cells = [f"{statistics.median(rows[c][k]):.2f}" if rows[c].get(k) else "" for c in cols]
+        cells = [f"{statistics.median(v):.2f} / {statistics.fmean(v):.2f}"
+                 if (v := [x for x in rows[c].get(k, []) if x == x]) else "" for c in cols]
         print(f"| {k} | " + " | ".join(cells) + " |")
     if sample:
         steps, _ = sample
