@@ -359,11 +359,11 @@ def main() -> int:
     print(f"load (1-min) {load:.1f} on {os.cpu_count()} CPUs; {args.rounds} rounds; spares' "
           f"policy at rest: {sorted(set(policies.values()))} (0 OTHER, 5 IDLE)\n{in_process}\n")
     cols = ["floor", "VERSION", "CHECK", "CHECK 1 ms after"]
-    print("| step (ms or count: median / mean) | " + " | ".join(cols) + " |")
+    print("| step (ms or count: median / mean / max) | " + " | ".join(cols) + " |")
     print("| --- |" + " --- |" * len(cols))
     keys = list(dict.fromkeys(k for c in cols for k in rows[c]))
     for k in keys:
-        cells = [f"{statistics.median(v):.2f} / {statistics.fmean(v):.2f}"
+        cells = [f"{statistics.median(v):.2f} / {statistics.fmean(v):.2f} / {max(v):.1f}"
                  if (v := [x for x in rows[c].get(k, []) if x == x]) else "" for c in cols]
         print(f"| {k} | " + " | ".join(cells) + " |")
     if sample:
