@@ -128,7 +128,8 @@ def syscall(e: Ev, enter: bool = True) -> tuple[int, list[int]] | None:
     return nr_args(e) if e.name == want else None
 
 
-def check_steps(tr: Trace, shim: int, t0: float, daemon: int) -> dict[str, float] | None:
+def check_steps(tr: Trace, shim: int, t0: float, daemon: int,
+                children: list[int]) -> dict[str, float] | None:
     """One CHECK's step times (ms) and CPU, from its shim's exec at t0; None if unreadable
     (e.g. a spare forked for it: no raw syscalls of it were recorded). The spare is the one
     the parent's sendmsg woke after the shim's request; its ACK, its first sendto then."""
@@ -146,8 +147,19 @@ def check_steps(tr: Trace, shim: int, t0: float, daemon: int) -> dict[str, float
     # the handover: the parent's sendmsg of the request to a spare, waking it
     wake_s = tr.first(lambda e: e.name == "sched:sched_wakeup"
                       and nr(tr.last_enter(daemon, e.t) or e) == NR_SENDMSG, sent.t, daemon)
-    spare = int(wake_s.field("pid")) if wake_s else -1
-    s_in = tr.switched_in(spare, wake_s.t) if wake_s else None
+    awake = wake_s is None or wake_s.t > exit_ev.t
+    if awake:  # the spare was not asleep in take_job (still on its way): no wake-up to see
+        wake_s = tr.first(lambda e: nr(e) == NR_SENDMSG, sent.t, daemon)
+        acks = [a for tid in children if (a := tr.first(lambda e: nr(e) == NR_SENDTO,
+                                                        wake_s.t, tid)) is not None] \
+            if wake_s else []
+        if not acks or min(a.t for a in acks) > exit_ev.t:
+            return None
+        spare = min(acks, key=lambda a: a.t).tid
+        s_in = wake_s.t
+    else:
+        spare = int(wake_s.field("pid"))
+        s_in = tr.switched_in(spare, wake_s.t)
     ack = tr.first(lambda e: nr(e) == NR_SENDTO, s_in or 0, spare)
     if not (ack and s_in):
         return None
@@ -183,6 +195,7 @@ def check_steps(tr: Trace, shim: int, t0: float, daemon: int) -> dict[str, float
             back_before is not None and back_before.t > connect.t),
         "parent: request sent -> spare woken (read, queue, wait for a spare, hand over)": ms(
             sent.t, wake_s.t),
+        "spare was not asleep at the handover (1 yes)": float(awake),
         "spare: woken -> on a CPU": ms(wake_s.t, s_in),
         "spare: on a CPU -> ACK sent (take_job)": ms(s_in, ack.t),
         "spare: ACK -> reply sent (enter the caller, skel.run, encode)": ms(ack.t, reply.t),
@@ -347,7 +360,7 @@ def main() -> int:
                 rows[what]["exec -> exit (whole exec)"].append(span[0])
                 rows[what]["CPU: the process"].append(span[1])
             continue
-        steps = check_steps(tr, pid, e.t, d)
+        steps = check_steps(tr, pid, e.t, d, kids)
         if steps is None:
             rows[what]["unreadable"].append(1)
             continue
