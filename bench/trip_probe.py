@@ -4,7 +4,8 @@ Read-only and outside the product: the kernel's own tracepoints, recorded system
 record` (Debian's linux-perf) while this script runs loopback CHECKs through a daemon started for
 it, in bench/run.py's throwaway host netns. Nothing is added to cni/.
 
-- scheduling: sched_wakeup / sched_switch (who woke whom, when it got a CPU), exec and exit;
+- scheduling: sched_waking / sched_wakeup / sched_switch (who woke whom, when it got a CPU),
+  exec and exit;
 - the shim: its connect and sendmsg (syscalls:*, system-wide, picked by pid afterwards);
 - the daemon's parent and its children (spares, zygote): every syscall (raw_syscalls, filtered
   to their pids), so the spare's ACK, reply and trip home are told by their sendto's fd.
@@ -136,6 +137,9 @@ def check_steps(tr: Trace, shim: int, t0: float, daemon: int,
     def nr(e: Ev) -> int:
         return (syscall(e) or (-1,))[0]
 
+    def is_ack(e: Ev) -> bool:  # protocol.ACK: a sendto of one byte (READY is longer)
+        return nr(e) == NR_SENDTO and nr_args(e)[1][2:3] == [1]
+
     exit_ev = tr.first(lambda e: e.name == "sched:sched_process_exit", t0, shim)
     connect = tr.first(lambda e: e.name == "syscalls:sys_enter_connect", t0, shim)
     if not exit_ev or not connect:
@@ -145,13 +149,17 @@ def check_steps(tr: Trace, shim: int, t0: float, daemon: int,
     if not sent or not d_in:
         return None
     # the handover: the parent's sendmsg of the request to a spare, waking it
-    wake_s = tr.first(lambda e: e.name == "sched:sched_wakeup"
-                      and nr(tr.last_enter(daemon, e.t) or e) == NR_SENDMSG, sent.t, daemon)
-    awake = wake_s is None or wake_s.t > exit_ev.t
+    # (sched_waking: in the waker's context; sched_wakeup may be on the target's CPU.) The
+    # woken one must answer the shim before it exits: not the zygote asked for a spare.
+    wake_s = next((e for e in tr.by_tid[daemon] if sent.t <= e.t <= exit_ev.t
+                   and e.name == "sched:sched_waking"
+                   and nr(tr.last_enter(daemon, e.t) or e) == NR_SENDMSG
+                   and (a := tr.first(is_ack, e.t, int(e.field("pid"))))
+                   and a.t <= exit_ev.t), None)
+    awake = wake_s is None
     if awake:  # the spare was not asleep in take_job (still on its way): no wake-up to see
         wake_s = tr.first(lambda e: nr(e) == NR_SENDMSG, sent.t, daemon)
-        acks = [a for tid in children if (a := tr.first(lambda e: nr(e) == NR_SENDTO,
-                                                        wake_s.t, tid)) is not None] \
+        acks = [a for tid in children if (a := tr.first(is_ack, wake_s.t, tid)) is not None] \
             if wake_s else []
         if not acks or min(a.t for a in acks) > exit_ev.t:
             return None
@@ -160,7 +168,10 @@ def check_steps(tr: Trace, shim: int, t0: float, daemon: int,
     else:
         spare = int(wake_s.field("pid"))
         s_in = tr.switched_in(spare, wake_s.t)
-    ack = tr.first(lambda e: nr(e) == NR_SENDTO, s_in or 0, spare)
+        first_ack = tr.first(is_ack, wake_s.t, spare)
+        if s_in is None or (first_ack and s_in > first_ack.t):
+            s_in = wake_s.t  # it was on a CPU already (on its way to take_job)
+    ack = tr.first(is_ack, s_in or 0, spare)
     if not (ack and s_in):
         return None
     conn_fd = nr_args(ack)[1][0]
@@ -309,7 +320,8 @@ def main() -> int:
         ["perf", "record", "-q", "-a", "-o", str(data),
          "-e", "raw_syscalls:sys_enter", "--filter", pids,
          "-e", "raw_syscalls:sys_exit", "--filter", pids,
-         "-e", "sched:sched_switch", "-e", "sched:sched_wakeup", "-e", "sched:sched_wakeup_new",
+         "-e", "sched:sched_switch", "-e", "sched:sched_wakeup", "-e", "sched:sched_waking",
+         "-e", "sched:sched_wakeup_new",
          "-e", "sched:sched_process_exec", "-e", "sched:sched_process_exit",
          "-e", "syscalls:sys_enter_connect", "-e", "syscalls:sys_exit_sendmsg"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
