@@ -8,7 +8,8 @@ it, in bench/run.py's throwaway host netns. Nothing is added to cni/.
   exec and exit;
 - the shim: its connect and sendmsg (syscalls:*, system-wide, picked by pid afterwards);
 - the daemon's parent and its children (spares, zygote): every syscall (raw_syscalls, filtered
-  to their pids), so the spare's ACK, reply and trip home are told by their sendto's fd.
+  to their pids): the spare's ACK (a one-byte sendto), its reply (a sendto on the ACK's fd),
+  its READY home (its next send on another fd) and the syscalls between.
 
 Each round: `python -IS -c pass` (the floor), loopback VERSION (the shim alone), loopback CHECK
 (the spare home and waiting: 100 ms since the last call), and a second CHECK 1 ms after the
@@ -48,7 +49,9 @@ SYSCALLS = {0: "read", 1: "write", 3: "close", 5: "fstat", 7: "poll", 8: "lseek"
             10: "mprotect", 11: "munmap", 12: "brk", 13: "rt_sigaction", 14: "rt_sigprocmask",
             16: "ioctl", 20: "writev", 28: "madvise", 37: "alarm", 39: "getpid", 41: "socket",
             42: "connect", 43: "accept", 44: "sendto", 45: "recvfrom", 46: "sendmsg",
-            47: "recvmsg", 49: "bind", 51: "getsockname", 54: "setsockopt", 55: "getsockopt",
+            47: "recvmsg", 49: "bind", 51: "getsockname", 52: "getpeername", 53: "socketpair",
+            54: "setsockopt", 55: "getsockopt", 107: "geteuid", 247: "waitid",
+            291: "epoll_create1",
             56: "clone", 61: "wait4", 62: "kill", 72: "fcntl", 80: "chdir", 81: "fchdir",
             89: "readlink", 95: "umask", 109: "setpgid", 144: "sched_setscheduler",
             145: "sched_getscheduler", 157: "prctl", 202: "futex", 217: "getdents64",
