@@ -9,7 +9,8 @@ result as prevResult, ~1 ms apart; DEL in reverse) through libcni-like execs (be
 for the reference v1.9.1 and pycni with its daemon, interleaved, in bench/run.py's throwaway
 host netns. Per exec, medians: wall ms; CPU ms of the plugin process (with the processes it
 waited for: the reference's host-local and nft); for pycni also the CPU its daemon and spares
-spent meanwhile (/proc schedstat). Run as root:
+spent meanwhile (the daemon runs in a fresh cgroup v2 from its birth: cpu.stat counts spares that
+exited too). Run as root:
 
     .venv/bin/python bench/crio_requests.py [--pods N]
 """
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,7 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
 
 from driver import Side, plugin_config, run_plugin  # noqa: E402
 from run import REFERENCE_V19, Lab  # noqa: E402
-from world import Daemon, enter_private_mounts, our_bin  # noqa: E402
+from world import Cgroup, Daemon, enter_private_mounts, our_bin  # noqa: E402
 
 GAP = 0.001  # CRI-O's own time between two plugin execs (its debug log and exec events: 1-2 ms)
 BANDWIDTH_RUNTIME = {  # what CRI-O 1.33 passes for kubernetes.io/{in,e}gress-bandwidth: 100M
@@ -60,24 +62,6 @@ class CrioSide(Side):
         return plugins
 
 
-def tree_cpu_ms(root: int) -> float:
-    """CPU time of `root` and all its descendants' threads so far (schedstat, ns)."""
-    pids, total, i = [root], 0, 0
-    while i < len(pids):
-        try:
-            pids += map(int, Path(f"/proc/{pids[i]}/task/{pids[i]}/children").read_text().split())
-        except OSError:
-            pass
-        i += 1
-    for pid in pids:
-        try:
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-        except OSError:
-            continue  # gone meanwhile
-    return total / 1e6
-
-
 def children_cpu_ms() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (usage.ru_utime + usage.ru_stime) * 1000
@@ -86,32 +70,47 @@ def children_cpu_ms() -> float:
 Figures = dict[str, dict[str, list[tuple[float, float, float]]]]  # side -> exec -> samples
 
 
-def one_pod(side: Side, lab: Lab, daemon_pid: int | None, figures: Figures | None) -> None:
-    cid, netns = secrets.token_hex(32), lab.pod()
+def one_pod(side: Side, netns: str, daemon_cpu: Callable[[], float] | None,
+            figures: Figures | None, before_del: Callable[[], None] | None = None) -> None:
+    """CRI-O's ADD, CHECK, DEL of one pod in `netns`; per exec into `figures` (None: a warm-up)
+    its wall ms, its process's CPU ms (and what it waited for) and `daemon_cpu`'s growth;
+    `before_del` is called between RunPodSandbox's part (ADD, CHECK) and the DELs."""
+    cid = secrets.token_hex(32)
 
     def run(plugin: dict[str, Any], verb: str, prev: Any) -> Any:
-        cpu, daemon = children_cpu_ms(), tree_cpu_ms(daemon_pid) if daemon_pid else 0.0
+        cpu, daemon = children_cpu_ms(), daemon_cpu() if daemon_cpu else 0.0
         ex = run_plugin(side, plugin["type"], verb, plugin_config(side, plugin, prev),
                         container_id=cid, netns=netns)
         if not ex.ok:
             raise SystemExit(ex.describe())
-        spent = (children_cpu_ms() - cpu,
-                 tree_cpu_ms(daemon_pid) - daemon if daemon_pid else 0.0)
+        spent = (children_cpu_ms() - cpu, daemon_cpu() - daemon if daemon_cpu else 0.0)
         if figures is not None:
             figures[side.name][f"{verb} {plugin['type']}"].append((ex.seconds * 1000, *spent))
         time.sleep(GAP)
         return ex.result()
 
-    try:
-        prev = None
-        for plugin in side.chain(0):
-            prev = run(plugin, "ADD", prev)
-        for plugin in side.chain(0):
-            run(plugin, "CHECK", prev)
-        for plugin in reversed(side.chain(0)):
-            run(plugin, "DEL", prev)
-    finally:
-        lab.drop(netns)
+    prev = None
+    for plugin in side.chain(0):
+        prev = run(plugin, "ADD", prev)
+    for plugin in side.chain(0):
+        run(plugin, "CHECK", prev)
+    if before_del:
+        before_del()
+    for plugin in reversed(side.chain(0)):
+        run(plugin, "DEL", prev)
+
+
+def crio_sides(tmp: Path, ours: Path, socket: Path) -> list[CrioSide]:
+    """v1.9.1 and pycni+daemon (the daemon at `socket`, no fallback) with CRI-O's CNI_ARGS."""
+    crio_args = ("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench-1;"
+                 f"K8S_POD_INFRA_CONTAINER_ID={'0' * 64};K8S_POD_UID=bench")
+    return [
+        CrioSide("v1.9.1", REFERENCE_V19, "bref9", "10.96.0.0/16", tmp / "ref9-ipam",
+                 env={"CNI_ARGS": crio_args}),
+        CrioSide("pycni+daemon", ours, "bpyd0", "10.99.0.0/16", tmp / "pyd-ipam",
+                 env={"CNI_ARGS": crio_args, "PYCNI_SOCKET": str(socket),
+                      "PYCNI_SHIM_FALLBACK": "0"}),
+    ]
 
 
 def report(figures: Figures, ref: str, ours: str) -> None:
@@ -139,24 +138,22 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="pycni-crio-requests-"))
     lab = Lab()
     ours, _ = our_bin(tmp)
-    daemon = Daemon.start(tmp)
-    crio_args = ("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench-1;"
-                 f"K8S_POD_INFRA_CONTAINER_ID={'0' * 64};K8S_POD_UID=bench")
-    sides = [
-        CrioSide("v1.9.1", REFERENCE_V19, "bref9", "10.96.0.0/16", tmp / "ref9-ipam",
-                 env={"CNI_ARGS": crio_args}),
-        CrioSide("pycni+daemon", ours, "bpyd0", "10.99.0.0/16", tmp / "pyd-ipam",
-                 env={"CNI_ARGS": crio_args, "PYCNI_SOCKET": str(daemon.socket),
-                      "PYCNI_SHIM_FALLBACK": "0"}),
-    ]
+    cgroup = Cgroup("crio-daemon")
+    daemon = Daemon.start(tmp, cgroup)
+    sides = crio_sides(tmp, ours, daemon.socket)
     figures: Figures = defaultdict(lambda: defaultdict(list))
     try:
         for i in range(args.pods + 1):  # the first round (bridges, pool) is left out
             for side in sides[i % 2:] + sides[:i % 2]:
-                pid = daemon.proc.pid if side.name == "pycni+daemon" else None
-                one_pod(side, lab, pid, figures if i else None)
+                netns = lab.pod()
+                try:
+                    one_pod(side, netns, cgroup.cpu_ms if side.name == "pycni+daemon" else None,
+                            figures if i else None)
+                finally:
+                    lab.drop(netns)
     finally:
         daemon.stop()
+        cgroup.remove()
     print(f"load (1-min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     report(figures, "v1.9.1", "pycni+daemon")
     return 0

@@ -35,7 +35,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,6 +117,7 @@ class Node:
     pods: list[Pod] = field(default_factory=list)
     next_port: int = 10000
     errors: list[str] = field(default_factory=list)
+    preexec: Callable[[], None] | None = None  # run in cnitool's child first (a cgroup's join)
     host: str = ""
     fd: int = -1
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -166,7 +169,7 @@ class Node:
                "CAP_ARGS": json.dumps(caps), **self.env}
         start = time.perf_counter()
         proc = subprocess.run([str(CNITOOL), verb, self.network, pod.netns], env=env,
-                              capture_output=True)
+                              capture_output=True, preexec_fn=self.preexec)
         ms = (time.perf_counter() - start) * 1000
         if proc.returncode != 0:
             self.errors.append(f"{verb} {pod.cid}: exit {proc.returncode}: "
@@ -425,11 +428,29 @@ def profile_lines(stats: dict[tuple[int, str], Any], first: int, last: int) -> l
 def run_section(tmp: Path, pycni_bin: Path, start_daemon: Any) -> list[str]:
     """The whole full-node run; the report section's lines. `start_daemon(dir)` starts a pycni
     daemon (run.py's Daemon.start) in the calling thread's netns."""
+    with node_state():
+        return _run_section(tmp, pycni_bin, start_daemon)
+
+
+@contextmanager
+def node_state() -> Iterator[None]:
+    """libcni's cache and pycni's DEL markers on a tmpfs (in the private mount namespace), and
+    the calling thread back in its netns afterwards (Nodes move it into theirs)."""
     for where, opts in ((CACHE_DIR, "mode=0755"), (MARKERS, "mode=0700")):
         where.mkdir(parents=True, exist_ok=True)  # as scripts/test.sh: a tmpfs over it, here only
         subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "pycni-bench", str(where)],
                        check=True)
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)  # to come back to
+    try:
+        yield
+    finally:
+        for where in (CACHE_DIR, MARKERS):
+            subprocess.run(["umount", str(where)], check=False)
+        _libc.setns(home, CLONE_NEWNET)
+        os.close(home)
+
+
+def _run_section(tmp: Path, pycni_bin: Path, start_daemon: Any) -> list[str]:
     f = Figures()
     steps = fills()
     ref = Node("reference v1.9.1", REFERENCE_V19, "fullref", "10.60.0.0/16", tmp)
@@ -457,10 +478,6 @@ def run_section(tmp: Path, pycni_bin: Path, start_daemon: Any) -> list[str]:
         daemon.stop()
         for node in nodes:
             node.close()
-        for where in (CACHE_DIR, MARKERS):
-            subprocess.run(["umount", str(where)], check=False)
-        _libc.setns(home, CLONE_NEWNET)
-        os.close(home)
     errors = [f"[{n.name}] {e}" for n in nodes for e in n.errors]
     return report(f, steps, [n.name for n in nodes], errors)
 

@@ -8,6 +8,7 @@ a private mount namespace (its own /run/netns), one "host" netns this process en
 netns per pod, a tmp dataDir. Writes a table to stdout and bench/RESULTS.md.
 
     .venv/bin/python bench/run.py [--iterations 15] [--version-runs 40] [--pods 30]
+    .venv/bin/python bench/run.py --trip-only [--trip-runs 20]   # the trip rows alone (issue 38)
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -250,6 +251,77 @@ def bench_concurrent(lab: Lab, side: Side, count: int, s: Samples) -> None:
     s.errors += [f"[{side.name}] leftover {x}" for x in left[:10]]
 
 
+# --- the trip: a near-no-op call over the same plugin's VERSION (issue 38) -------------------
+
+# calls with (almost) nothing to do: what is left over VERSION is the hop to the daemon and back
+TRIP = (("loopback", "ADD"), ("loopback", "CHECK"), ("loopback", "DEL"), ("portmap", "CHECK"),
+        ("portmap", "DEL"), ("bandwidth", "CHECK"))
+TRIP_SHARE = 0.15  # the goal: the trip <= 15% of the plugin's VERSION (1.0 ms where it is 6.4)
+
+
+class TripSide(Side):
+    """The bench chain with portmap given no mappings: its CHECK and DEL have nothing to do."""
+
+    @classmethod
+    def of(cls, side: Side) -> TripSide:
+        return cls(**{f.name: getattr(side, f.name) for f in fields(side)})
+
+    def chain(self, index: int) -> list[dict]:
+        plugins = super().chain(index)
+        for p in plugins:
+            if p["type"] == "portmap":
+                p.pop("runtimeConfig")
+        return plugins
+
+
+def bench_trip(lab: Lab, sides: list[Side], runs: int, t: Samples) -> None:
+    """`runs` pods per side, interleaved; per pod each trip plugin's VERSION, then the chain's
+    ADD, CHECK, DEL, keeping the trip calls' times (VERSION measured beside them, so the
+    difference holds while the box drifts)."""
+    trips = [TripSide.of(side) for side in sides]
+    wanted = set(TRIP)
+    for i in range(runs + 1):  # the first round warms the pool and makes the bridges: left out
+        for side in rotated(trips, i):
+            pod = Pod(f"{side.name[:2]}-{secrets.token_hex(6)}", lab.pod(), 0)
+            try:
+                execs = [run_plugin(side, plugin, "VERSION", LIBCNI_VERSION_STDIN)
+                         for plugin in sorted({p for p, _ in TRIP})]
+                execs += chain_add(side, pod)
+                if pod.result is not None:
+                    execs += chain_check(side, pod)
+                execs += chain_del(side, pod)
+            finally:
+                lab.drop(pod.netns)
+            if i:
+                s_execs = [ex for ex in execs
+                           if ex.command == "VERSION" or (ex.plugin, ex.command) in wanted]
+                t.record(side, s_execs)
+
+
+def trip_lines(t: Samples, sides: list[Side]) -> list[tuple[str, dict[str, str]]]:
+    """Rows "trip: <plugin> <verb>": the verb's median minus the plugin's VERSION median (both
+    from bench_trip's own runs), and the goal for pycni+daemon."""
+    lines = []
+    for plugin, verb in TRIP:
+        row: dict[str, str] = {}
+        for side in sides:
+            calls = t.values.get(f"{plugin} {verb}", {}).get(side.name)
+            version = t.values.get(f"{plugin} VERSION", {}).get(side.name)
+            if not calls or not version:
+                continue
+            over, base = statistics.median(calls) - statistics.median(version), \
+                statistics.median(version)
+            row[side.name] = f"{over:.1f} ({statistics.median(calls):.1f} - {base:.1f})"
+            if side.name == "pycni+daemon":
+                bound = TRIP_SHARE * base
+                row["target"] = "daemon: " + ("ok" if over <= bound else
+                                              f"MISSED (<= {TRIP_SHARE:.0%} of VERSION: "
+                                              f"{bound:.1f} ms)")
+        lines.append((f"trip: {plugin} {verb} (ms: verb - VERSION, medians)",
+                      row))
+    return lines
+
+
 # --- reporting --------------------------------------------------------------------------------
 
 SHORT = {"pycni+daemon": "daemon", "pycni (no daemon)": "no daemon"}
@@ -443,6 +515,23 @@ def write_report(text: str) -> None:
     print(f"\nwritten to {RESULTS.relative_to(ROOT)}")
 
 
+def trip_only(lab: Lab, sides: list[Side], runs: int, daemon: Daemon, tmp: Path) -> int:
+    """`--trip-only`: the trip rows alone, printed (a quick look while working on the hop)."""
+    trip = Samples()
+    try:
+        note_load("start")
+        bench_trip(lab, sides, runs, trip)
+        note_load("end")
+    finally:
+        daemon.stop()
+    print("\n".join(["# The trip: near-no-op calls over their VERSION (bench/run.py --trip-only)",
+                     "", *machine(), load_line(), f"- runs: {runs} pods per side, interleaved",
+                     "", table(trip, sides, trip_lines(trip, sides)),
+                     *[f"- {e}" for e in trip.error_lines()[:20]]]))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
 # --- main -------------------------------------------------------------------------------------
 
 def main() -> int:
@@ -461,6 +550,14 @@ def main() -> int:
     parser.add_argument("--crio-pods", type=int, default=10,
                         help="pods through CRI-O per side (pycni+daemon, v1.9.1), one at a time "
                              "(0: none)")
+    parser.add_argument("--pod-cpu", type=int, default=10,
+                        help="pods per side for the CPU-per-pod rows (bench/pod_cpu.py: cnitool, "
+                             "CRI-O's requests; pycni+daemon vs v1.9.1; 0: none)")
+    parser.add_argument("--trip-runs", type=int, default=20,
+                        help="pods per side for the trip rows (issue 38; 0: none)")
+    parser.add_argument("--trip-only", action="store_true",
+                        help="only the trip rows, for pycni+daemon and v1.9.1; printed, "
+                             "RESULTS.md untouched")
     parser.add_argument("--no-full-node", action="store_true",
                         help="skip the full-node section (bench/fullnode.py; its fills: "
                              "PYCNI_BENCH_FILL, default 0,110,250)")
@@ -483,16 +580,24 @@ def main() -> int:
         Side("pycni (no daemon)", ours, "bpyn0", "10.97.0.0/16", tmp / "pyn-ipam",
              env={"PYCNI_SOCKET": str(tmp / "no-daemon.sock")}),
     ]
+    if args.trip_only:
+        return trip_only(lab, [side for side in sides if side.name in (V19, "pycni+daemon")],
+                         args.trip_runs, daemon, tmp)
     s = Samples()
+    trip = Samples()
     daemon_kb: dict[str, int] = {}
     burst_kb: dict[str, int] = {}
     full_node: list[str] = []
+    cpu_rows: list[tuple[str, dict[str, str]]] = []
     try:
         note_load("start")
         bench_version(sides, args.version_runs, s)
         note_load("after VERSION")
         bench_chain(lab, sides, args.iterations, s)
         note_load("after the chain")
+        bench_trip(lab, [side for side in sides if "no daemon" not in side.name],
+                   args.trip_runs, trip)
+        note_load("after the trip")
         daemon_kb = daemon.memory_kb()  # at rest: the chain one pod at a time
         for r in range(max(args.rounds, args.rounds_no_daemon)):
             for side in rotated(sides, r):
@@ -513,6 +618,12 @@ def main() -> int:
 
             bench_crio([V19, "pycni+daemon"], args.crio_pods, s.add, s.errors.append)
             note_load("after CRI-O")
+        if args.pod_cpu and any(side.name == V19 for side in sides):
+            from pod_cpu import rows as pod_cpu_rows  # its own nodes, daemon, cgroups
+
+            (tmp / "pod-cpu").mkdir()
+            cpu_rows = pod_cpu_rows(tmp / "pod-cpu", ours, args.pod_cpu)
+            note_load("after CPU per pod")
         if not args.no_full_node:
             from fullnode import run_section  # its own nodes, daemon and cnitool
 
@@ -530,13 +641,15 @@ def main() -> int:
              f"{args.cri_pods} pods through containerd's CRI per side "
              f"({args.cri_pods_no_daemon} without the daemon), one at a time, interleaved; "
              f"{args.crio_pods} pods through CRI-O 1.33 per side (pycni+daemon, {V19}), one at "
-             "a time, interleaved", ""]
-    lines.append(table(s, sides, rss_lines(s, sides, daemon_kb, burst_kb)))
+             f"a time, interleaved; trip rows: {args.trip_runs} pods per side; CPU per pod: "
+             f"{args.pod_cpu} pods per side", ""]
+    lines.append(table(s, sides, rss_lines(s, sides, daemon_kb, burst_kb)
+                       + trip_lines(trip, sides) + cpu_rows))
     if full_node:
         lines += ["", *full_node]
-    if s.error_lines():
+    if s.error_lines() or trip.error_lines():
         lines += ["", "## Errors and leftovers", "",
-                  *[f"- {e}" for e in s.error_lines()[:40]]]
+                  *[f"- {e}" for e in (s.error_lines() + trip.error_lines())[:40]]]
     if BREAKDOWN.exists():
         lines += ["", BREAKDOWN.read_text().rstrip()]
     write_report("\n".join(lines))

@@ -1,10 +1,11 @@
 """The bench's throwaway world, shared by run.py, fullnode.py and netlink_profile.py: a private
 mount namespace, pycni's executables as `pycni install` writes them, a daemon started for the
-run and its memory."""
+run and its memory, a cgroup v2 whose CPU is every process ever in it."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -50,6 +51,39 @@ def our_bin(tmp: Path) -> tuple[Path, str]:
         return ROOT / "bin", f"repo bin/ (sh trampoline; install copy failed: {e})"
 
 
+class Cgroup:
+    """A fresh cgroup v2 (on the unified mount, wherever it is): cpu.stat's usage_usec counts
+    every process that ran in it, exited ones included, which a /proc walk misses."""
+
+    def __init__(self, name: str) -> None:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+        root = next((ln.split()[1] for ln in mounts if ln.split()[2] == "cgroup2"), None)
+        if root is None:
+            raise SystemExit("bench: no cgroup v2 mount (CPU is read from cpu.stat)")
+        self.path = Path(root) / f"pycni-bench-{name}-{secrets.token_hex(3)}"
+        self.path.mkdir()
+
+    def join(self) -> None:
+        """Move the calling process here (a Popen preexec_fn: the child, before it execs)."""
+        (self.path / "cgroup.procs").write_text("0")
+
+    def cpu_ms(self) -> float:
+        stat = (self.path / "cpu.stat").read_text().split()
+        return int(stat[stat.index("usage_usec") + 1]) / 1000
+
+    def remove(self) -> None:
+        """Its processes must have exited (the daemon stopped first)."""
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
 @dataclass
 class Daemon:
     proc: subprocess.Popen
@@ -57,13 +91,14 @@ class Daemon:
     log: Path
 
     @classmethod
-    def start(cls, tmp: Path) -> Daemon:
+    def start(cls, tmp: Path, cgroup: Cgroup | None = None) -> Daemon:
+        """A daemon for the run; in `cgroup` from its birth (its spares with it) when given."""
         run = tmp / "run"
         sock, log = run / "pycni.sock", tmp / "daemon.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen([str(VENV_PY), "-m", "cni.fast.daemon", "--socket",
                                      str(sock)], stdout=out, stderr=subprocess.STDOUT,
-                                    cwd=ROOT)
+                                    cwd=ROOT, preexec_fn=cgroup.join if cgroup else None)
         deadline = time.monotonic() + 120
         while "listening" not in log.read_text():
             if proc.poll() is not None or time.monotonic() > deadline:

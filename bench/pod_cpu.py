@@ -1,0 +1,160 @@
+"""CPU per pod (issue 38): what one pod's CNI calls cost in CPU, every process summed, pycni with
+its daemon vs the reference v1.9.1.
+
+- cnitool (libcni 1.3): one pod's ADD, CHECK and DEL over fullnode.py's chain (bridge +
+  host-local, portmap with one hostPort, bandwidth; CAP_ARGS), each side in its own node netns.
+- CRI-O's ADD + CHECK (what RunPodSandbox waits for): the six execs crio_requests.py replays.
+
+Every process is counted through two fresh cgroups v2 (world.Cgroup): one the tools are born in
+(cnitool, the replayed plugin execs, so the shims, the reference's plugins and what they run:
+host-local, nft), one the daemon is born in (its parent, zygote and spares, exited ones too).
+CPU = usage_usec after - before around each pod, read 50 ms after its last call returned (so
+the spare's trip home is in); pycni's figure is both cgroups, the reference's the tools' one.
+The sides interleave, a pod each; the first pod of each side is left out.
+
+    .venv/bin/python bench/pod_cpu.py [--pods 10]          # (root) prints the rows
+
+`make bench` calls `rows` and puts them in its table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
+
+from crio_requests import CrioSide, crio_sides, one_pod  # noqa: E402
+from fullnode import REFERENCE_V19, Node, drop_netns, new_pod_netns, node_state  # noqa: E402
+from world import Cgroup, Daemon  # noqa: E402
+
+V19, OURS = "reference v1.9.1", "pycni+daemon"
+CPU_VS_V19_MAX = 1.4  # issue 38's goal: a pod's CPU <= 1.4x v1.9.1's
+SETTLE = 0.05  # s after a pod's last call before reading: the spare's way home is counted
+CNITOOL_ROW = "CPU per pod: cnitool ADD + CHECK + DEL (ms, every process, median)"
+CRIO_ROW = "CPU per pod: CRI-O's ADD + CHECK (ms, every process, median)"
+
+Figures = dict[str, dict[str, list[tuple[float, float]]]]  # row -> side -> (tools, daemon) ms
+
+
+def measure(tmp: Path, ours_bin: Path, pods: int) -> Figures:
+    tools, daemon_cg = Cgroup("tools"), Cgroup("daemon")
+    figures: Figures = defaultdict(lambda: defaultdict(list))
+    daemon = None
+    with node_state():
+        nodes = [Node(V19, REFERENCE_V19, "cpuref", "10.62.0.0/16", tmp, preexec=tools.join),
+                 Node(OURS, ours_bin, "cpupy", "10.63.0.0/16", tmp, preexec=tools.join)]
+        try:
+            nodes[1].enter()
+            (tmp / "cpu-daemon").mkdir()
+            (tmp / "crio").mkdir()
+            daemon = Daemon.start(tmp / "cpu-daemon", daemon_cg)
+            nodes[1].env["PYCNI_SOCKET"] = str(daemon.socket)
+            crio: dict[str, CrioSide] = dict(zip(
+                (V19, OURS), crio_sides(tmp / "crio", ours_bin, daemon.socket), strict=True))
+            for side in crio.values():
+                side.preexec = tools.join
+
+            def reader(name: str) -> Callable[[], tuple[float, float]]:
+                return lambda: (tools.cpu_ms(), daemon_cg.cpu_ms() if name == OURS else 0.0)
+
+            for i in range(pods + 1):
+                for node in nodes[i % 2:] + nodes[:i % 2]:
+                    node.enter()
+                    cpu = reader(node.name)
+                    keep = figures if i else defaultdict(lambda: defaultdict(list))
+                    cnitool_pod(node, cpu, keep[CNITOOL_ROW][node.name])
+                    crio_pod(crio[node.name], cpu, keep[CRIO_ROW][node.name])
+        finally:
+            if daemon:
+                daemon.stop()
+            for node in nodes:
+                node.close()
+            for cg in (tools, daemon_cg):
+                cg.remove()
+    return figures
+
+
+def spent(cpu: Callable[[], tuple[float, float]], before: tuple[float, float]) -> tuple[float,
+                                                                                       float]:
+    time.sleep(SETTLE)
+    after = cpu()
+    return after[0] - before[0], after[1] - before[1]
+
+
+def cnitool_pod(node: Node, cpu: Callable[[], tuple[float, float]],
+                into: list[tuple[float, float]]) -> None:
+    pod = node.new_pod()
+    try:
+        before = cpu()
+        oks = [node.cnitool(verb, pod)[1] for verb in ("add", "check", "del")]
+        if all(oks):
+            into.append(spent(cpu, before))
+    finally:
+        drop_netns(pod.netns)
+
+
+def crio_pod(side: CrioSide, cpu: Callable[[], tuple[float, float]],
+             into: list[tuple[float, float]]) -> None:
+    netns = new_pod_netns()
+    try:
+        before = cpu()
+        one_pod(side, netns, None, None, before_del=lambda: into.append(spent(cpu, before)))
+    finally:
+        drop_netns(netns)
+
+
+def rows(tmp: Path, ours_bin: Path, pods: int) -> list[tuple[str, dict[str, str]]]:
+    """The table rows (run.py's `extra` form): each side's median, pycni's ratio to v1.9.1
+    and the goal; pycni's cell splits the shims and tools from the daemon."""
+    figures = measure(tmp, ours_bin, pods)
+    out = []
+    for row in (CNITOOL_ROW, CRIO_ROW):
+        by = figures.get(row, {})
+        if not by.get(V19) or not by.get(OURS):
+            out.append((row, {"target": "not measured (a call failed)"}))
+            continue
+        ref = statistics.median(t + d for t, d in by[V19])
+        ours = statistics.median(t + d for t, d in by[OURS])
+        ratio = ours / ref
+        out.append((row, {
+            V19: f"{ref:.1f}",
+            OURS: (f"{ours:.1f} (tools {statistics.median(t for t, _ in by[OURS]):.1f}, "
+                   f"daemon {statistics.median(d for _, d in by[OURS]):.1f})"),
+            f"{OURS} ratio v1.9.1": f"{ratio:.2f}x",
+            "target": "daemon: " + ("ok" if ratio <= CPU_VS_V19_MAX else
+                                    f"MISSED (<= {CPU_VS_V19_MAX}x v1.9.1)")}))
+    return out
+
+
+def main() -> int:
+    import os
+
+    from world import enter_private_mounts, our_bin
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=10)
+    args = parser.parse_args()
+    enter_private_mounts()
+    tmp = Path(tempfile.mkdtemp(prefix="pycni-pod-cpu-"))
+    ours_bin, _ = our_bin(tmp)
+    load = os.getloadavg()[0]
+    lines = rows(tmp, ours_bin, args.pods)
+    print(f"load (1-min): {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on "
+          f"{os.cpu_count()} CPUs; {args.pods} pods per side, interleaved")
+    print(f"| metric | {V19} | {OURS} | ratio | target |\n| --- | --- | --- | --- | --- |")
+    for metric, by in lines:
+        print(f"| {metric} | {by.get(V19, '')} | {by.get(OURS, '')} | "
+              f"{by.get(f'{OURS} ratio v1.9.1', '')} | {by.get('target', '')} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
