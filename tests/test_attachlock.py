@@ -19,7 +19,17 @@ from pathlib import Path
 
 import pytest
 from cnitest import BIN, Netns
-from test_daemon import NO_DAEMON, finish, kill_tree, start_daemon, wait_for, wrapped_ipam
+from test_daemon import (
+    NO_DAEMON,
+    WRAPPED,
+    finish,
+    kill_tree,
+    run_wrapped_bridge,
+    start_daemon,
+    wait_for,
+    wrapped_bridge_conf,
+    wrapped_ipam,
+)
 
 from cni.fast import attachlock
 from cni.fast import protocol as proto
@@ -28,7 +38,7 @@ from cni.skel import Reply
 
 __all__ = ["start_daemon"]  # the fixture, used by name
 
-CID, IFNAME = "wrap1", "eth0"
+CID, IFNAME = WRAPPED
 
 
 def lock_file() -> Path:
@@ -60,24 +70,6 @@ def openers(path: Path) -> set[int]:
             if (target.st_dev, target.st_ino) == (st.st_dev, st.st_ino):
                 pids.add(int(proc.name))
     return pids
-
-
-def bridge_conf(tmp_path: Path) -> dict:
-    return {"cniVersion": "1.0.0", "name": "wrapnet", "type": "bridge", "bridge": "wrapbr0",
-            "ipam": {"type": "logged-ipam", "ranges": [[{"subnet": "10.79.0.0/24"}]],
-                     "dataDir": str(tmp_path / "ipam")}}
-
-
-def run_bridge(host: Netns, pod: Netns, command: str, conf: dict,
-               env: dict) -> subprocess.Popen:
-    full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": command,
-            "CNI_CONTAINERID": CID, "CNI_NETNS": pod.path, "CNI_IFNAME": IFNAME, **env}
-    proc = subprocess.Popen(["ip", "netns", "exec", host.name, str(BIN / "bridge")],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=full)
-    proc.stdin.write(json.dumps(conf).encode())
-    proc.stdin.close()
-    return proc
 
 
 def ipam_calls(tmp_path: Path) -> list[str]:
@@ -115,16 +107,16 @@ def test_a_del_at_the_successor_waits_for_the_add_the_old_daemon_runs(
     reaches the successor too, nested in the old daemon's request: it runs at once."""
     daemon = start_daemon(host)
     bin_dir, release = wrapped_ipam(tmp_path)
-    conf = bridge_conf(tmp_path)
+    conf = wrapped_bridge_conf(tmp_path)
     env = {**daemon.env, "CNI_PATH": f"{bin_dir}:{BIN}"}
-    add = run_bridge(host, pod, "ADD", conf, env)
+    add = run_wrapped_bridge(host, pod, "ADD", conf, env)
     wait_for(lambda: (tmp_path / "gate.started").exists(), "bridge ADD to exec its IPAM")
     old = daemon.status()
     successor = 0
     try:
         successor = upgrade.request(str(daemon.socket))["successor"]
         assert daemon.status()["pid"] == successor != old["pid"]
-        delete = run_bridge(host, pod, "DEL", conf, env)
+        delete = run_wrapped_bridge(host, pod, "DEL", conf, env)
         del_waits_for_add(tmp_path, host, pod, delete, add, release)
         daemon.proc.wait(30)  # the old one finished what it had accepted
         # Both daemons write the log; "served" once the spare is back, after the reply.
@@ -143,11 +135,11 @@ def test_an_in_process_del_waits_for_the_add_the_daemon_runs(
     host-local in-process too) is nested in it and does not wait for it."""
     daemon = start_daemon(host)
     bin_dir, release = wrapped_ipam(tmp_path)
-    conf = bridge_conf(tmp_path)
+    conf = wrapped_bridge_conf(tmp_path)
     path = {"CNI_PATH": f"{bin_dir}:{BIN}"}
-    add = run_bridge(host, pod, "ADD", conf, {**daemon.env, **path})
+    add = run_wrapped_bridge(host, pod, "ADD", conf, {**daemon.env, **path})
     wait_for(lambda: (tmp_path / "gate.started").exists(), "bridge ADD to exec its IPAM")
-    delete = run_bridge(host, pod, "DEL", conf, {**NO_DAEMON, **path})
+    delete = run_wrapped_bridge(host, pod, "DEL", conf, {**NO_DAEMON, **path})
     del_waits_for_add(tmp_path, host, pod, delete, add, release)
     daemon.wait_served(2)  # bridge ADD and its nested host-local; not the DEL
     assert "bridge DEL" not in daemon.log.read_text()

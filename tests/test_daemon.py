@@ -837,6 +837,30 @@ def wrapped_ipam(tmp_path: Path) -> tuple[Path, Callable[[], None]]:
     return bin_dir, release
 
 
+WRAPPED = ("wrap1", "eth0")  # the attachment the wrapped-IPAM tests run bridge for
+
+
+def wrapped_bridge_conf(tmp_path: Path) -> dict:
+    """bridge with `logged-ipam` (wrapped_ipam) as its IPAM plugin."""
+    return {"cniVersion": "1.0.0", "name": "wrapnet", "type": "bridge", "bridge": "wrapbr0",
+            "ipam": {"type": "logged-ipam", "ranges": [[{"subnet": "10.79.0.0/24"}]],
+                     "dataDir": str(tmp_path / "ipam")}}
+
+
+def run_wrapped_bridge(host: Netns, pod: Netns, command: str, conf: dict,
+                       env: dict) -> subprocess.Popen:
+    """bridge exec'd in `host` for the WRAPPED attachment, its stdin written and closed."""
+    cid, ifname = WRAPPED
+    full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": command,
+            "CNI_CONTAINERID": cid, "CNI_NETNS": pod.path, "CNI_IFNAME": ifname, **env}
+    proc = subprocess.Popen(["ip", "netns", "exec", host.name, str(BIN / "bridge")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=full)
+    proc.stdin.write(json.dumps(conf).encode())
+    proc.stdin.close()
+    return proc
+
+
 def test_a_nested_ipam_call_skips_its_callers_lock_but_a_racing_del_waits(
         host, pod, plugins, start_daemon, tmp_path) -> None:
     """bridge -> wrapper script -> our host-local shim -> the daemon, for bridge's own
@@ -844,20 +868,11 @@ def test_a_nested_ipam_call_skips_its_callers_lock_but_a_racing_del_waits(
     timeout), while a runtime DEL for the attachment still waits for the ADD to finish."""
     daemon = start_daemon(host)
     bin_dir, release = wrapped_ipam(tmp_path)
-    conf = {"cniVersion": "1.0.0", "name": "wrapnet", "type": "bridge", "bridge": "wrapbr0",
-            "ipam": {"type": "logged-ipam", "ranges": [[{"subnet": "10.79.0.0/24"}]],
-                     "dataDir": str(tmp_path / "ipam")}}
+    conf = wrapped_bridge_conf(tmp_path)
     env = {**daemon.env, "CNI_PATH": f"{bin_dir}:{BIN}"}
 
     def run(command: str) -> subprocess.Popen:
-        full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": command,
-                "CNI_CONTAINERID": "wrap1", "CNI_NETNS": pod.path, "CNI_IFNAME": "eth0", **env}
-        proc = subprocess.Popen(["ip", "netns", "exec", host.name, str(BIN / "bridge")],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=full)
-        proc.stdin.write(json.dumps(conf).encode())
-        proc.stdin.close()
-        return proc
+        return run_wrapped_bridge(host, pod, command, conf, env)
 
     add = run("ADD")
     wait_for(lambda: (tmp_path / "gate.started").exists(), "bridge ADD to exec its IPAM")
