@@ -13,8 +13,10 @@ syntax into iptables' table would list as garbage in iptables-save):
 
 the very rules the reference's iptables backend writes, so each side's DEL removes the other's.
 A host without that chain (nftables only) gets no iptables table. One `iptables-nft-restore
---noflush` per family and change: atomic, one at a time (a lock in /run/pycni), retried if
-the table changed anyway. Nothing here knows CNI.
+--noflush` per family and change: atomic, one at a time (a lock in /run/pycni). No verb lists
+the filter table once the host has the chains: ADD reads CNI-FORWARD alone, DEL deletes by
+spec (`-D`), CHECK asks by spec (`-C`); only a host's first ADD lists it (and retries if the
+table changed meanwhile). Nothing here knows CNI.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ Unlike the reference: `backend` "" (or "nftables") is this nftables backend, and
 picks one; every key is validated before anything changes (the reference's unknown ingressPolicy
 fails after its rules are in); pod rules carry their owner (container ID, ifname) in the
 comment, so DEL needs no prevResult, a re-ADD replaces instead of adding twice, and GC works
-per network.
+per network; and, as portmap's, each attachment's record chain says where its rules are, so
+ADD, CHECK and DEL never list the table (cni.host.forward: records and address index).
 """
 
 from __future__ import annotations
