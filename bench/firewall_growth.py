@@ -54,7 +54,13 @@ def main() -> None:
     p.add_argument("--others", type=int, default=200)
     p.add_argument("--runs", type=int, default=15)
     p.add_argument("--iptables", action="store_true")
+    p.add_argument("--kept", action="store_true",
+                   help="keep the NFTSockets CHECK asks by handle, as a daemon's spare does")
     a = p.parse_args()
+    if a.kept:
+        from cni.host import nftrecord
+
+        nftrecord.keep_home_sockets()
     if a.iptables:
         for tool in ("iptables-nft", "ip6tables-nft"):
             subprocess.run([tool, "-P", "FORWARD", "DROP"], check=True)

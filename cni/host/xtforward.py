@@ -160,7 +160,8 @@ _LINE = re.compile(r"line (\d+) failed")
 def _failing(family: int, lines: list[str]) -> list[int]:
     """Restore `lines` as one transaction, leaving out each line that fails (a `-C` of a rule
     that is not there, a `-D` of one already gone) until the rest pass; -> the indexes left
-    out. A failed transaction applies nothing, so each try starts from the same table."""
+    out. A failed transaction applies nothing, so each try starts from the same table.
+    XtablesError when a failure names no line."""
     failed: list[int] = []
     todo = list(range(len(lines)))
     while todo:
@@ -171,8 +172,7 @@ def _failing(family: int, lines: list[str]) -> list[int]:
             m = _LINE.search(str(e))
             n = int(m.group(1)) - 2 if m else -1  # line 1 is "*filter"
             if not 0 <= n < len(todo):
-                failed += todo  # no line named (a chain is missing): none is sure to pass
-                break
+                raise  # no line named (a chain is missing, say): nothing to leave out
             failed.append(todo.pop(n))
     return sorted(failed)
 
@@ -213,7 +213,12 @@ def _locked() -> Iterator[None]:
 
 
 def missing(family: int, ips: list[str], admin: str) -> str | None:
-    """The first expected rule that is not there (None: all are), asked rule by rule."""
+    """The first expected rule that is not there (None: all are), asked by spec; listed
+    only when iptables names no line (a chain is missing)."""
     specs = entry_specs(admin) + [s for ip in ips for s in pod_specs(ip)]
-    failed = _failing(family, [_as(s, "-C") for s in specs])
+    try:
+        failed = _failing(family, [_as(s, "-C") for s in specs])
+    except XtablesError:
+        have = listing(family)
+        failed = [i for i, s in enumerate(specs) if s not in have]
     return specs[failed[0]] if failed else None
