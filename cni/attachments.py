@@ -3,7 +3,8 @@ result cache, the host-local stores and the kernel, with orphans flagged both wa
 
 Each kernel and store source is read by the listing its GC judges (`store.reservations`,
 `masq.network_rules` / `instance_of` / `network_records`, `spoofchk.checks`, `hostport.listed`
-and its records, `ifb.marked`, bandwidth's tbf records `shaped.listed`), so a piece shown as an
+and its records, `ifb.marked`, bandwidth's tbf records `shaped.listed`, firewall's owner
+comments and records `forward.listed`), so a piece shown as an
 orphan is what a GC without that attachment in its valid list removes, and a piece shown as
 owned is what that attachment's DEL removes.
 
@@ -22,7 +23,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from cni.host import hostport, ifb, links, masq, netns, nsfd, spoofchk, tc
+from cni.host import forward, hostport, ifb, links, masq, netns, nsfd, spoofchk, tc
 from cni.ipam.config import DEFAULT_DATA_DIR
 from cni.ipam.store import Store, reservations
 from cni.runtime import conflist
@@ -49,6 +50,7 @@ class Attachment:
     masqRecord: bool = False  # its masquerade's record chain (pycni-masq-*, pycni's own)
     hostPort: dict[str, int] | None = None  # rules (DNAT and masquerade), records
     spoofCheck: str | None = None  # the chain cni-br-iface-<ref>
+    firewall: dict[str, Any] | None = None  # accepts (addresses, rules), record (pycni-att-*)
     missing: list[str] = field(default_factory=list)  # pieces a live pod lacks
     # entry-point plugins in its chain (main or IPAM): what they made is theirs, not judged here
     plugins: list[str] = field(default_factory=list)
@@ -71,6 +73,9 @@ class Attachment:
             out.append(f"hostport:{self.hostPort['rules']}")
         if self.spoofCheck:
             out.append("spoofchk")
+        if self.firewall:  # the record alone: its rules went
+            out.append(f"firewall:{self.firewall['rules']}" if self.firewall["rules"]
+                       else "firewall-record")
         out += [f"plugin:{name}" for name in self.plugins]
         return out
 
@@ -203,6 +208,7 @@ class Node:
             for instance in sorted(records):  # a record no row matches: named by its chain
                 self.row(net, masq.RECORD_PREFIX + instance, "?").masqRecord = True
         self._read_hostports()
+        self._read_firewall()
         hosts = {a.hostVeth["name"]: a for a in self.rows.values() if a.hostVeth}
         for ref, host_ifname in spoofchk.checks():
             att = next((a for a in self.rows.values()
@@ -239,6 +245,35 @@ class Node:
                     att.hostPort["rules"] += 1
                     seen.add(rule.get("handle", 0))
 
+    def _read_firewall(self) -> None:
+        """firewall's pod accepts by owner comment, and its records by chain name, as its GC
+        finds them."""
+        listing = forward.listed()
+        owners: dict[str, list[str]] = {}
+        for rule in listing.rules:
+            if rule.get("chain") == forward.PODS and rule.get("comment"):
+                owners.setdefault(str(rule["comment"]), []).append(
+                    forward.pod_address(rule) or "?")
+        records = {c for c in listing.chains if c.startswith(forward.RECORD_PREFIX)}
+        for att in list(self.rows.values()):
+            found = owners.pop(forward.owner_comment(att.containerID, att.ifname, att.network),
+                               None)
+            chain = forward.record_chain(att.containerID, att.ifname, att.network)
+            if found or chain in records:
+                att.firewall = {"rules": len(found or []), "addresses": sorted(set(found or [])),
+                                "record": chain in records}
+                records.discard(chain)
+        for comment, found in owners.items():  # rules no row claims: named by their comment
+            words = comment.split(" ")
+            att = self.row(words[2], words[0], words[1]) if len(words) == 3 \
+                else self.find(None, comment)
+            att.firewall = {"rules": len(found), "addresses": sorted(set(found)),
+                            "record": False}
+        nets = {forward.network_record_prefix(n): n for n in self.networks}
+        for chain in sorted(records):  # a record no row matches: named by its chain
+            net = next((n for p, n in nets.items() if chain.startswith(p)), "?")
+            self.row(net, chain, "?").firewall = {"rules": 0, "addresses": [], "record": True}
+
     # verdicts ---------------------------------------------------------------------------------
     def judge(self) -> None:
         for att in self.rows.values():
@@ -253,7 +288,7 @@ class Node:
                         [ip for ip in att.ips if ip]) and bool(att.reservations),
                     "masquerade": bool(att.masquerade), "hostport": bool(att.hostPort),
                     "spoofcheck": bool(att.spoofCheck), "ifb": bool(att.ifb),
-                    "tbf": _shaped(att)}
+                    "tbf": _shaped(att), "firewall": _accepted(att)}
             att.missing = sorted(p for p in att.expects if not have.get(p, True))
             att.state = "incomplete" if att.missing else "ok"
 
@@ -365,6 +400,8 @@ def _expected(plugins: list[dict[str, Any]], cached: CachedAttachment) -> set[st
     caps = cached.capability_args or {}
     if _plugin(plugins, "portmap") is not None and caps.get("portMappings"):
         want.add("hostport")
+    if _plugin(plugins, "firewall") is not None and cached.result and cached.result.get("ips"):
+        want.add("firewall")
     bw = _plugin(plugins, "bandwidth")
     if bw is not None:
         limits = caps.get("bandwidth") if isinstance(caps.get("bandwidth"), dict) else bw
@@ -405,6 +442,12 @@ def _shaped(att: Attachment) -> bool:
     if att.tbf is not None:
         return att.tbf["qdisc"] == "tbf"
     return bool(att.hostVeth and "tbf" in att.hostVeth.get("qdiscs", []))
+
+
+def _accepted(att: Attachment) -> bool:
+    """firewall's accepts are there for every address of the cached result."""
+    have = set(att.firewall["addresses"]) if att.firewall else set()
+    return all(ip.split("/")[0] in have for ip in att.ips if ip)
 
 
 def _saddr(rule: dict[str, Any]) -> str:

@@ -265,3 +265,45 @@ def test_bandwidth_tbf_records_are_shown_with_their_attachment_and_alone(
                json.dumps([{"containerID": "shp-live", "ifname": "eth0"}]))
     assert set(node.rows()) == {"shp-live"}
     assert [r.container_id for r in shaped.listed()] == ["shp-live"]
+
+
+def test_firewall_rules_and_records_are_shown_per_attachment(host: Netns, netns_factory,
+                                                             tmp_path: Path) -> None:
+    """firewall's pod accepts (by owner comment) and its record chain are pieces of their
+    attachment: `firewall:<rules>` while they are there; a live pod whose accepts went is
+    incomplete (`firewall-record` left); a pod gone with its cache entry leaves an orphan, and
+    GC clears it."""
+    node = Node(host, tmp_path)
+    (node.netconf / "20-fwdemo.conflist").write_text(json.dumps({
+        "cniVersion": "1.1.0", "name": "fwdemo", "plugins": [
+            {"type": "bridge", "bridge": "fw0", "isGateway": True,
+             "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.8.0/24"}]],
+                      "dataDir": str(node.store)}},
+            {"type": "firewall"}]}))
+    live, gone = netns_factory("pycni-attpod"), netns_factory("pycni-attpod")
+    for pod, cid in ((live, "fw-live"), (gone, "fw-gone")):
+        node.pycni("add", "fwdemo", pod.path, CNI_CONTAINERID=cid)
+    rows = node.rows()
+    for cid in ("fw-live", "fw-gone"):
+        row = rows[cid]
+        ip = row["ips"][0].split("/")[0]
+        assert row["firewall"] == {"rules": 2, "addresses": [ip], "record": True}, row
+        assert "firewall:2" in row["owns"] and row["state"] == "ok", row
+    accepts = [r for r in node.rules("inet", "cni_firewall")
+               if r["chain"] == "pods" and r.get("comment") == "fw-live eth0 fwdemo"]
+    assert len(accepts) == 2
+    for rule in accepts:  # the live pod's accepts removed behind its back
+        host.run("nft", "delete", "rule", "inet", "cni_firewall", "pods", "handle",
+                 str(rule["handle"]))
+    destroy_netns(gone, host)
+    next((node.cache / "results").glob("fwdemo-fw-gone-eth0")).unlink()
+    rows = node.rows()
+    row = rows["fw-live"]
+    assert (row["state"], row["missing"]) == ("incomplete", ["firewall"]), row
+    assert "firewall-record" in row["owns"], row
+    row = rows["fw-gone"]
+    assert row["state"] == "orphan" and row["firewall"]["rules"] == 2, row
+    node.pycni("gc", "fwdemo", "--valid-attachments",
+               json.dumps([{"containerID": "fw-live", "ifname": "eth0"}]))
+    assert set(node.rows()) == {"fw-live"}  # no record of fw-gone's left either
+    assert not any("fw-gone" in str(r.get("comment")) for r in node.rules("inet", "cni_firewall"))

@@ -17,7 +17,9 @@ from cnitest import REFERENCE_BIN, Netns
 from portmap_util import OUTSIDE, Servers, answered_by, build_node
 from rootskips import missing
 
-from cni.host import forward
+from cni import skel
+from cni.host import forward, netns, xtforward
+from cni.plugins import firewall
 
 pytestmark = pytest.mark.root
 
@@ -169,6 +171,102 @@ def test_del_removes_only_its_own_rules_and_is_idempotent(plugins, node, host) -
     assert sum("10.88.0.3/32" in line for line in saved) == 2
     plugins.ok("firewall", "CHECK", conf(node.prev_result(pod_b)), container_id="ctr-b",
                netns=pod_b.path)
+
+
+def recorded(host: Netns, cid: str) -> tuple[list[int], list[str]]:
+    """The handles of the pod rules the attachment's record names, and its addresses."""
+    chain = forward.record_chain(cid, "eth0", "fwnet")
+    with netns.entered(host.path):
+        rec = forward.read_record(chain)
+    assert rec is not None, f"no record {chain}"
+    return sorted(rec.handles.get(forward.PODS, [])), rec.addresses
+
+
+def chains(host: Netns) -> set[str]:
+    return {o["chain"]["name"] for o in host.nft_ruleset().get("nftables", [])
+            if "chain" in o and o["chain"]["table"] == forward.TABLE}
+
+
+def test_the_record_points_at_exactly_the_attachments_rules(plugins, node, host) -> None:
+    """ADD, CHECK and DEL find an attachment's rules through its record chain (handles), not a
+    listing of the table: each record names exactly its own pod rules, for pods added one after
+    another and a re-ADD; each address's index chain names the attachment that has it; DEL
+    takes the record and the index along."""
+    pod_a, pod_b = pods(node)
+    add(plugins, node, pod_a)
+    add(plugins, node, pod_b, cid="ctr-b")
+    add(plugins, node, pod_a)  # a re-ADD: new rules, a new record
+    for cid in ("ctr-a", "ctr-b"):
+        handles, addrs = recorded(host, cid)
+        owner = f"{cid} eth0 fwnet"
+        assert handles == sorted(r["handle"] for r in pod_rules(host, owner)), cid
+        assert len(handles) == 4 and addrs == [forward.pod_address(r)
+                                               for r in pod_rules(host, owner)][::2]
+    index = [o["rule"] for o in host.nft_ruleset()["nftables"] if "rule" in o
+             and o["rule"]["chain"] == forward.index_chain("10.88.0.2")]
+    assert [r["comment"] for r in index] == [forward.record_chain("ctr-a", "eth0", "fwnet")]
+    plugins.ok("firewall", "DEL", conf(None), container_id="ctr-a", netns=pod_a.path)
+    left = chains(host)
+    assert forward.record_chain("ctr-a", "eth0", "fwnet") not in left
+    assert forward.index_chain("10.88.0.2") not in left and forward.index_chain("fd88::2") \
+        not in left
+    assert forward.record_chain("ctr-b", "eth0", "fwnet") in left
+    assert forward.index_chain("10.88.0.3") in left
+    plugins.ok("firewall", "CHECK", conf(node.prev_result(pod_b)), container_id="ctr-b",
+               netns=pod_b.path)
+
+
+def request(command: str, prev: dict | None, cid: str) -> skel.Request:
+    config = conf(prev)
+    return skel.Request("firewall", command, cid, "/dev/null", "eth0", [], [], config, "1.0.0",
+                        json.dumps(config).encode(), {},
+                        prev_result=config.get("prevResult"))
+
+
+def test_verbs_list_no_table(plugins, node, host, monkeypatch) -> None:
+    """The cost of a verb must not grow with the pods on the node: once the host has its
+    chains, ADD, CHECK and DEL read the attachment's own record and index chains and ask
+    iptables rule by rule; nothing lists pycni's table or iptables' (GC alone may)."""
+    pod_a, pod_b = pods(node)
+    forward_policy(host, "DROP")
+    add(plugins, node, pod_b, cid="ctr-b")  # the host's first pod: its chains made
+
+    def listed(*_args):
+        raise AssertionError("a verb listed a table")
+
+    monkeypatch.setattr(forward, "listed", listed)
+    monkeypatch.setattr(xtforward, "listing", listed)
+    prev = node.prev_result(pod_a)
+    with netns.entered(host.path):
+        for _ in range(2):  # a fresh ADD, then a re-ADD
+            firewall.add(request("ADD", prev, "ctr-a"))
+            firewall.check(request("CHECK", prev, "ctr-a"))
+        firewall.delete(request("DEL", None, "ctr-a"))
+        firewall.delete(request("DEL", prev, "ctr-a"))  # idempotent
+    assert pod_rules(host) == []
+    saved = iptables_save(host)
+    assert not any("10.88.0.2/32" in line for line in saved)
+    assert sum("10.88.0.3/32" in line for line in saved) == 2
+
+
+def test_del_keeps_the_accepts_of_an_address_another_attachment_has(plugins, node,
+                                                                     host) -> None:
+    """An address reused while a stale attachment still holds it (its DEL comes late): that
+    DEL removes its own nft rules, not the iptables accepts the new attachment needs."""
+    pod_a, _ = pods(node)
+    forward_policy(host, "DROP")
+    add(plugins, node, pod_a, cid="ctr-old")
+    add(plugins, node, pod_a, cid="ctr-new")  # the same addresses
+    plugins.ok("firewall", "DEL", conf(node.prev_result(pod_a)), container_id="ctr-old",
+               netns=pod_a.path)
+    assert pod_rules(host, "ctr-old eth0 fwnet") == []
+    assert sum("10.88.0.2/32" in line for line in iptables_save(host)) == 2
+    assert sum("fd88::2/128" in line for line in iptables_save(host, 6)) == 2
+    plugins.ok("firewall", "CHECK", conf(node.prev_result(pod_a)), container_id="ctr-new",
+               netns=pod_a.path)
+    plugins.ok("firewall", "DEL", conf(None), container_id="ctr-new", netns=pod_a.path)
+    assert not any("10.88.0.2/32" in line for line in iptables_save(host))
+    assert not any(c.startswith(("pycni-att-", "pycni-ip-")) for c in chains(host))
 
 
 def test_gc_removes_the_rules_of_this_networks_stale_attachments(plugins, node, host) -> None:

@@ -26,7 +26,7 @@ import ipaddress
 import re
 from typing import Any, NamedTuple
 
-from cni.host import nft
+from cni.host import masq, nft, nftrecord
 from cni.host.digest import sha512_hex
 
 FAMILY = "inet"
@@ -80,6 +80,121 @@ def pod_rules(ips: list[str], comment: str) -> str:
                 f"accept comment {nft.quote(comment)}\n"
                 f"add rule {_T} {PODS} {proto} saddr {addr} accept comment {nft.quote(comment)}\n")
     return out
+
+
+# --- where an attachment's rules are, without listing anyone else's ---------------------------
+#
+# Each attachment has a record chain in the table (never jumped to; cni.host.nftrecord), named
+# as portmap's (pycni-att-<hash(network)>-<hash(ifname:container ID)>): made afresh in the ADD's
+# batch right before the attachment's rules, its meta rules give their handles and the
+# addresses (fact "a"). And each pod address has an index chain pycni-ip-<address> (':' as '_')
+# holding one `continue` rule per attachment that has pod rules for it, commented with the
+# attachment's record chain: a DEL removes the iptables accepts of an address only when no
+# other attachment's index rule is left there (an address reused while a stale attachment still
+# holds it). ADD, CHECK and DEL read their own record and index chains only; GC lists the table
+# (per network, and rare).
+
+RECORD_PREFIX = "pycni-att-"
+INDEX_PREFIX = "pycni-ip-"
+ADDRESSES = "a"  # the record's fact: the attachment's pod addresses
+
+
+def record_chain(container_id: str, ifname: str, network: str) -> str:
+    return RECORD_PREFIX + masq.hash_for_instance(network, ifname, container_id)
+
+
+def network_record_prefix(network: str) -> str:
+    return RECORD_PREFIX + masq.hash_for_network(network) + "-"
+
+
+def index_chain(ip: str) -> str:
+    return INDEX_PREFIX + str(ipaddress.ip_address(ip)).replace(":", "_")
+
+
+def index_address(chain: str) -> str | None:
+    """The address an index chain is of (None: not an index chain)."""
+    if not chain.startswith(INDEX_PREFIX):
+        return None
+    try:
+        return str(ipaddress.ip_address(chain[len(INDEX_PREFIX):].replace("_", ":")))
+    except ValueError:
+        return None
+
+
+class Record(NamedTuple):
+    """One attachment's record, read alone."""
+
+    handles: dict[str, list[int]]  # by chain: its pod rules, its index rules
+    addresses: list[str]
+
+
+def read_record(chain: str) -> Record | None:
+    rec = nftrecord.read(FAMILY, TABLE, chain, None)
+    if rec is None:
+        return None
+    return Record(rec.handles, [a for a in rec.fact(ADDRESSES) if a])
+
+
+def add_script(ips: list[str], comment: str, record: str) -> str:
+    """The attachment's index chains, then its record made afresh, its pod rules and index
+    rules right after it, and the record's meta (after layout_script and any deletions, in one
+    batch: nothing else may add to the table between the record chain and the meta)."""
+    script = "".join(f"add chain {_T} {nft.chain_name(index_chain(ip))}\n" for ip in ips)
+    script += nftrecord.fresh_chain_script(FAMILY, TABLE, record)
+    script += pod_rules(ips, comment)
+    script += "".join(f"add rule {_T} {nft.chain_name(index_chain(ip))} continue comment "
+                      f"{nft.quote(record)}\n" for ip in ips)
+    added = [PODS] * (2 * len(ips)) + [index_chain(ip) for ip in ips]
+    return script + nftrecord.meta_script(FAMILY, TABLE, record, added,
+                                          {ADDRESSES: [str(ipaddress.ip_address(ip))
+                                                       for ip in ips]})
+
+
+def drop_index_script(ip: str) -> str:
+    """Delete an address's index chain: refused (the batch fails) while a rule is in it."""
+    return f"delete chain {_T} {nft.chain_name(index_chain(ip))}\n"
+
+
+def unrecorded(record: Record | None, ips: list[str]) -> str | None:
+    """The first address whose two accepts the record does not name, or names but are gone
+    (the kernel asked for each by handle); None: every one is there."""
+    pods = record.handles.get(PODS, []) if record else []
+    kept = set(present_handles({PODS: pods}).get(PODS, [])) if pods else set()
+    for ip in ips:
+        addr = str(ipaddress.ip_address(ip))
+        if record is None or addr not in record.addresses:
+            return ip
+        i = record.addresses.index(addr)  # the rules are recorded in the addresses' order
+        if len(pods) != 2 * len(record.addresses) or not set(pods[2 * i:2 * i + 2]) <= kept:
+            return ip
+    return None
+
+
+def drop_record_script(record: str, handles: dict[str, list[int]]) -> str:
+    return nftrecord.handles_script(FAMILY, TABLE, handles) + \
+        nftrecord.drop_script(FAMILY, TABLE, record)
+
+
+def present_handles(handles: dict[str, list[int]]) -> dict[str, list[int]]:
+    """The recorded rules still there (the kernel asked for each by handle)."""
+    flat = [(c, h) for c, hs in handles.items() for h in hs]
+    found = nftrecord.comments(FAMILY, TABLE, flat)
+    out: dict[str, list[int]] = {}
+    for (c, h), got in zip(flat, found, strict=True):
+        if got is not None:
+            out.setdefault(c, []).append(h)
+    return out
+
+
+def index_owners(ip: str) -> list[dict[str, Any]]:
+    """The index rules of an address (one per attachment with pod rules for it)."""
+    return nft.rules(FAMILY, TABLE, index_chain(ip))
+
+
+def chain_rules(*chains: str) -> Listing:
+    """Some chains of the table, listed one by one (the entry and isolation chains: their size
+    is the node's bridges', not its pods')."""
+    return Listing(set(), [r for c in chains for r in nft.rules(FAMILY, TABLE, c)])
 
 
 class Listing(NamedTuple):

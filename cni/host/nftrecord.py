@@ -43,9 +43,9 @@ def is_meta(rule: dict[str, Any]) -> bool:
     return len(words) in (2, 3) and len(words[0]) == 2 and words[0][0] == "="
 
 
-def read(family: str, table: str, chain: str, owned: tuple[str, ...]) -> Record | None:
+def read(family: str, table: str, chain: str, owned: tuple[str, ...] | None) -> Record | None:
     """The record chain's meta; None when there is no such chain (or table). Handles are kept
-    only for rules in the `owned` chains."""
+    only for rules in the `owned` chains (None: in any chain)."""
     found = nft.list_json(nft.ident_family(family, table, f"chain {family} {table} "
                                                           f"{nft.chain_name(chain)}"))
     base = next((o["chain"].get("handle") for o in found if "chain" in o), None)
@@ -58,7 +58,7 @@ def read(family: str, table: str, chain: str, owned: tuple[str, ...]) -> Record 
         if not is_meta(rule):
             continue
         words = str(rule["comment"]).split(" ")
-        if words[0] == "=h" and len(words) == 3 and words[1] in owned:
+        if words[0] == "=h" and len(words) == 3 and (owned is None or words[1] in owned):
             handles.setdefault(words[1], []).extend(
                 base + int(n) for n in words[2].split(",") if n.isdigit())
         elif len(words) == 2:

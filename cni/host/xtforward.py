@@ -13,8 +13,10 @@ syntax into iptables' table would list as garbage in iptables-save):
 
 the very rules the reference's iptables backend writes, so each side's DEL removes the other's.
 A host without that chain (nftables only) gets no iptables table. One `iptables-nft-restore
---noflush` per family and change: atomic, one at a time (a lock in /run/pycni), retried if
-the table changed anyway. Nothing here knows CNI.
+--noflush` per family and change: atomic, one at a time (a lock in /run/pycni). No verb lists
+the filter table once the host has the chains: ADD reads CNI-FORWARD alone, DEL deletes by
+spec (`-D`), CHECK asks by spec (`-C`); only a host's first ADD lists it (and retries if the
+table changed meanwhile). Nothing here knows CNI.
 """
 
 from __future__ import annotations
@@ -98,43 +100,102 @@ def entry_specs(admin: str) -> list[str]:
             f'-A {PRIV} -m comment --comment "{ADMIN_COMMENT}" -j {admin}']
 
 
+def _as(spec: str, command: str) -> str:
+    return command + spec[2:]  # "-A CHAIN ..." as "-C CHAIN ..." / "-D CHAIN ..."
+
+
 def add(family: int, ips: list[str], admin: str) -> None:
     """The chains, the entry jumps (first in their chains) and each address's accepts, as far
-    as they are missing; one transaction."""
-    def script(have: list[str]) -> list[str]:
-        lines = [f"-N {c}" for c in (PRIV, admin) if f"-N {c}" not in have]
-        forward, to_admin = entry_specs(admin)
-        if forward not in have:
-            lines.append(forward.replace("-A FORWARD", "-I FORWARD 1", 1))
-        if to_admin not in have:
-            lines.append(to_admin.replace(f"-A {PRIV}", f"-I {PRIV} 1", 1))
-        return lines + [s for ip in ips for s in pod_specs(ip) if s not in have]
+    as they are missing; one transaction. Reads CNI-FORWARD alone (the FORWARD jump is asked by
+    spec, `-C`, in the same transaction as the new accepts); only a host without the chains or
+    jumps yet (its first pod) has its filter table listed."""
+    forward, to_admin = entry_specs(admin)
+    with _locked():
+        have = chain_specs(family, PRIV)
+        if have is not None and to_admin in have:
+            lines = [_as(forward, "-C")] + [s for ip in ips for s in pod_specs(ip)
+                                            if s not in have]
+            try:
+                _restore(family, _script(lines))
+                return
+            except XtablesError:  # the FORWARD jump is missing, or another writer raced
+                pass
+        _apply(family, lambda listed: _add_lines(listed, ips, admin))
 
-    _apply(family, script)
+
+def chain_specs(family: int, chain: str) -> list[str] | None:
+    """`iptables-nft -S <chain>`: one chain's rules as specs; None when there is no such
+    chain."""
+    proc = subprocess.run([_tool(family, 0), "-w", "-t", "filter", "-S", chain],
+                          capture_output=True, text=True, timeout=_TIMEOUT)
+    return proc.stdout.splitlines() if proc.returncode == 0 else None
 
 
-def delete(family: int, ips: list[str]) -> None:
-    """Each address's accepts, where present; the chains and jumps stay (as the reference's)."""
-    _apply(family, lambda have: [s.replace("-A ", "-D ", 1) for ip in ips
-                                 for s in pod_specs(ip) if s in have])
+def _add_lines(have: list[str], ips: list[str], admin: str) -> list[str]:
+    lines = [f"-N {c}" for c in (PRIV, admin) if f"-N {c}" not in have]
+    forward, to_admin = entry_specs(admin)
+    if forward not in have:
+        lines.append(forward.replace("-A FORWARD", "-I FORWARD 1", 1))
+    if to_admin not in have:
+        lines.append(to_admin.replace(f"-A {PRIV}", f"-I {PRIV} 1", 1))
+    return lines + [s for ip in ips for s in pod_specs(ip) if s not in have]
+
+
+def delete(family: int, ips: list[str], owned: Callable[[str], bool] = lambda _ip: False
+           ) -> list[str]:
+    """Each address's accepts, where present, unless owned(address) says another attachment
+    still needs them (asked under the lock, after which no ADD of it is half done); by spec
+    (`-D`), no listing. The chains and jumps stay (as the reference's). -> the addresses
+    released."""
+    with _locked():
+        gone = [ip for ip in ips if not owned(ip)]
+        specs = [_as(s, "-D") for ip in gone for s in pod_specs(ip)]
+        _failing(family, specs)  # a rule already gone is no error
+    return gone
+
+
+_LINE = re.compile(r"line (\d+) failed")
+
+
+def _failing(family: int, lines: list[str]) -> list[int]:
+    """Restore `lines` as one transaction, leaving out each line that fails (a `-C` of a rule
+    that is not there, a `-D` of one already gone) until the rest pass; -> the indexes left
+    out. A failed transaction applies nothing, so each try starts from the same table.
+    XtablesError when a failure names no line."""
+    failed: list[int] = []
+    todo = list(range(len(lines)))
+    while todo:
+        try:
+            _restore(family, _script([lines[i] for i in todo]))
+            break
+        except XtablesError as e:
+            m = _LINE.search(str(e))
+            n = int(m.group(1)) - 2 if m else -1  # line 1 is "*filter"
+            if not 0 <= n < len(todo):
+                raise  # no line named (a chain is missing, say): nothing to leave out
+            failed.append(todo.pop(n))
+    return sorted(failed)
+
+
+def _script(lines: list[str]) -> str:
+    return "*filter\n" + "\n".join(lines) + "\nCOMMIT\n"
 
 
 def _apply(family: int, script: Callable[[list[str]], list[str]]) -> None:
     """Restore the lines script(listing) makes from a fresh listing; again if the table changed
     in between (a concurrent ADD made a chain, a DEL removed a rule: the batch fails whole,
     since `-N` of an existing chain and `-D` of a missing rule are errors; a `:chain` line would
-    flush another ADD's rules instead)."""
-    with _locked():
-        for attempt in range(_RETRIES):
-            lines = script(listing(family))
-            if not lines:
-                return
-            try:
-                _restore(family, "*filter\n" + "\n".join(lines) + "\nCOMMIT\n")
-                return
-            except XtablesError:
-                if attempt == _RETRIES - 1:
-                    raise
+    flush another ADD's rules instead). Under the caller's lock."""
+    for attempt in range(_RETRIES):
+        lines = script(listing(family))
+        if not lines:
+            return
+        try:
+            _restore(family, _script(lines))
+            return
+        except XtablesError:
+            if attempt == _RETRIES - 1:
+                raise
 
 
 @contextlib.contextmanager
@@ -152,7 +213,12 @@ def _locked() -> Iterator[None]:
 
 
 def missing(family: int, ips: list[str], admin: str) -> str | None:
-    """The first expected rule that is not there (None: all are)."""
-    have = listing(family)
-    return next((s for s in entry_specs(admin) + [s for ip in ips for s in pod_specs(ip)]
-                 if s not in have), None)
+    """The first expected rule that is not there (None: all are), asked by spec; listed
+    only when iptables names no line (a chain is missing)."""
+    specs = entry_specs(admin) + [s for ip in ips for s in pod_specs(ip)]
+    try:
+        failed = _failing(family, [_as(s, "-C") for s in specs])
+    except XtablesError:
+        have = listing(family)
+        failed = [i for i, s in enumerate(specs) if s not in have]
+    return specs[failed[0]] if failed else None

@@ -13,7 +13,8 @@ Unlike the reference: `backend` "" (or "nftables") is this nftables backend, and
 picks one; every key is validated before anything changes (the reference's unknown ingressPolicy
 fails after its rules are in); pod rules carry their owner (container ID, ifname) in the
 comment, so DEL needs no prevResult, a re-ADD replaces instead of adding twice, and GC works
-per network.
+per network; and, as portmap's, each attachment's record chain says where its rules are, so
+ADD, CHECK and DEL never list the table (cni.host.forward: records and address index).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cni import skel
-from cni.host import forward, nft, xtforward
+from cni.host import forward, nft, nftrecord, xtforward
 from cni.skel import Request
 from cni.spec.config import PluginConf, StrictStr, parse
 from cni.spec.errors import CNIError, Code, invalid_config, unsupported
@@ -52,19 +53,22 @@ def add(req: Request) -> Result:
     bridge = isolated_bridge(conf, req.prev_result)
     if not ips and bridge is None:
         return req.prev_result
-    comment = owner(req)
+    comment, chain = owner(req), record(req)
     isolated = conf.ingressPolicy == "isolated"
     made: list[tuple[str, str]] = []  # the isolation rules this ADD added (chain, comment)
+    old = _read_record(chain)  # a re-ADD replaces the rules its record names
 
-    def script(_attempt: int) -> str:
-        listing = _listed()
-        text = forward.layout_script() + nft.delete_rules_script(listing.owned(comment))
-        text += forward.pod_rules(ips, comment)
+    def script(attempt: int) -> str:
+        text = forward.layout_script()
         if bridge is not None:
+            listing = _stages()
             text += forward.isolation_script(listing, bridge, isolated)
             made[:] = [(c, m) for c, m in forward.isolation_comments(bridge, isolated)
                        if not listing.commented(c, m)]
-        return text
+        if old is not None:  # a retry deletes only what is still there
+            text += nftrecord.handles_script(forward.FAMILY, forward.TABLE, old.handles
+                                             if attempt == 0 else _present(old.handles))
+        return text + forward.add_script(ips, comment, chain)
 
     _apply(script)
     try:
@@ -74,62 +78,90 @@ def add(req: Request) -> Result:
                               admin_chain(conf))
     except (nft.NftError, xtforward.XtablesError, OSError) as e:
         def undo(_attempt: int) -> str:
-            listing = _listed()
-            return nft.delete_rules_script(listing.owned(comment) + [
-                r for r in listing.rules if (r.get("chain"), r.get("comment")) in made])
+            rec = _read_record(chain)
+            text = forward.drop_record_script(chain, _present(rec.handles)) if rec else ""
+            listing = _stages() if made else forward.Listing(set(), [])
+            return text + nft.delete_rules_script(
+                [r for r in listing.rules if (r.get("chain"), r.get("comment")) in made])
 
         _apply(undo)
+        _drop_empty_indexes(ips)
         raise CNIError(Code.INTERNAL, f"unable to add the pod's iptables FORWARD rules: {e}") \
             from None
+    if old is not None:  # a re-ADD with other addresses: the old ones' accepts are not its own
+        _release(req, [ip for ip in old.addresses if ip not in ips])
     return req.prev_result
 
 
 def delete(req: Request) -> None:
-    # No config value is read: the rules are found by their owner (and the prevResult's
-    # addresses, for the reference's rules), so any config, even one ADD refuses, is deletable.
-    comment = owner(req)
+    # No config value is read: the rules are found by the attachment's record (and the
+    # prevResult's addresses, for the reference's rules), so any config, even one ADD refuses,
+    # is deletable.
+    chain = record(req)
     prev = req.prev_result if isinstance(req.prev_result, dict) else {}
     try:
-        prev_ips = set(addresses(prev))
+        prev_ips = addresses(prev)
     except (KeyError, TypeError, ValueError):
-        prev_ips = set()  # a DEL never fails over its config
-    _remove(req, lambda c: c == comment, prev_ips)
+        prev_ips = []  # a DEL never fails over its config
+    rec = _read_record(chain)
+    if rec is not None:
+        _apply(lambda attempt: forward.drop_record_script(
+            chain, rec.handles if attempt == 0 else _present(rec.handles)))
+    _release(req, list(dict.fromkeys((rec.addresses if rec else []) + prev_ips)))
 
 
 def gc(req: Request) -> int:
-    """Remove the pod rules of this network's attachments that are not in the valid list (the
-    reference's firewall has no GC); a bridge's isolation rules stay, as DEL leaves them."""
+    """Remove the pod rules and records of this network's attachments that are not in the
+    valid list (the reference's firewall has no GC); a bridge's isolation rules stay, as DEL
+    leaves them. The one verb that lists the table."""
     valid = skel.valid_attachments(req.config)
     if valid is None:  # libcni's GC without args: stale and live look alike
         req.log("GC without cni.dev/valid-attachments: no rule removed")
         return 0
     keep = {forward.owner_comment(cid, ifname, req.network) for cid, ifname in valid}
-    return _remove(req, lambda c: forward.of_network(c, req.network) and c not in keep, set())
-
-
-def _remove(req: Request, stale: Callable[[str], bool], also: set[str]) -> int:
-    """Delete the pod rules whose owner comment is `stale`, and the iptables accepts of their
-    addresses (and of `also`) that no other owner's rule still has; -> how many nft rules."""
+    records = {forward.record_chain(cid, ifname, req.network) for cid, ifname in valid}
+    prefix = forward.network_record_prefix(req.network)
     found: dict[str, Any] = {}
 
     def script(_attempt: int) -> str:
         listing = _listed()
-        pods = [r for r in listing.rules if r.get("chain") == forward.PODS]
-        found["rules"] = [r for r in pods if stale(str(r.get("comment") or ""))]
-        handles = {r.get("handle") for r in found["rules"]}
-        found["others"] = {forward.pod_address(r) for r in pods if r.get("handle") not in handles}
-        return nft.delete_rules_script(found["rules"])
+        stale = sorted(c for c in listing.chains if c.startswith(prefix) and c not in records)
+        rules = [r for r in listing.rules if r.get("chain") == forward.PODS
+                 and forward.of_network(str(r.get("comment") or ""), req.network)
+                 and r.get("comment") not in keep]
+        index = [r for r in listing.rules if forward.index_address(str(r.get("chain")))
+                 and str(r.get("comment") or "").startswith(prefix)
+                 and r.get("comment") not in records]  # a stale record's, or an orphan's
+        found["rules"] = rules
+        found["ips"] = [forward.pod_address(r) for r in rules] + \
+            [forward.index_address(r["chain"]) for r in index]
+        return nft.delete_rules_script(rules + index) + "".join(
+            nftrecord.drop_script(forward.FAMILY, forward.TABLE, c) for c in stale)
 
     _apply(script)
-    mine = {forward.pod_address(r) for r in found.get("rules", [])} - {None}
-    gone = sorted((mine | also) - found.get("others", set()))
-    for family in _families(gone):
+    _release(req, list(dict.fromkeys(ip for ip in found.get("ips", []) if ip)))
+    return len(found.get("rules", []))
+
+
+def _release(req: Request, ips: list[str]) -> None:
+    """The iptables accepts of these addresses, and their index chains, where no attachment's
+    index rule is left (another attachment may have the address now)."""
+    for family in _families(ips):
         try:
             if xtforward.present(family):
-                xtforward.delete(family, [ip for ip in gone if _family(ip) == family])
+                xtforward.delete(family, [ip for ip in ips if _family(ip) == family],
+                                 lambda ip: bool(forward.index_owners(ip)))
         except (nft.NftError, xtforward.XtablesError, OSError) as e:
-            req.log(f"firewall: iptables FORWARD rules of {gone} not removed: {e}")
-    return len(found.get("rules", []))
+            req.log(f"firewall: iptables FORWARD rules of {ips} not removed: {e}")
+    _drop_empty_indexes(ips)
+
+
+def _drop_empty_indexes(ips: list[str]) -> None:
+    for ip in ips:
+        try:  # fails when an attachment's rule is in it (an ADD since): then it stays
+            nft.run(forward.drop_index_script(ip))
+        except nft.NftError:
+            pass
 
 
 def check(req: Request) -> None:
@@ -140,13 +172,16 @@ def check(req: Request) -> None:
     bridge = isolated_bridge(conf, req.prev_result)
     if not ips and bridge is None:
         return
-    listing = _listed()
-    why = forward.layout_present(listing)
-    for ip in ips:
-        if why is None and not forward.has_pod_rules(listing, ip, owner(req)):
-            why = f"{forward.FAMILY} {forward.TABLE}: no accept rules for {ip} ({owner(req)})"
-    if why is None and bridge is not None:
-        why = forward.isolation_missing(listing, bridge, conf.ingressPolicy == "isolated")
+    try:
+        why = forward.layout_present(forward.chain_rules(forward.FORWARD))
+        gone = forward.unrecorded(forward.read_record(record(req)), ips) \
+            if why is None and ips else None
+        if gone is not None:
+            why = f"{forward.FAMILY} {forward.TABLE}: no accept rules for {gone} ({owner(req)})"
+        if why is None and bridge is not None:
+            why = forward.isolation_missing(_stages(), bridge, conf.ingressPolicy == "isolated")
+    except nft.NftUnavailable as e:
+        raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
     if why is not None:
         raise CNIError(Code.INTERNAL, why)
     try:
@@ -223,6 +258,10 @@ def owner(req: Request) -> str:
     return forward.owner_comment(req.container_id, req.ifname, req.network)
 
 
+def record(req: Request) -> str:
+    return forward.record_chain(req.container_id, req.ifname, req.network)
+
+
 def _family(ip: str) -> int:
     return ipaddress.ip_address(ip).version
 
@@ -236,6 +275,25 @@ def _listed() -> forward.Listing:
         return forward.listed()
     except nft.NftUnavailable as e:
         raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
+
+
+def _stages() -> forward.Listing:
+    """The isolation chains alone (one rule or two per isolated bridge)."""
+    try:
+        return forward.chain_rules(forward.STAGE1, forward.STAGE2)
+    except nft.NftUnavailable as e:
+        raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
+
+
+def _read_record(chain: str) -> forward.Record | None:
+    try:
+        return forward.read_record(chain)
+    except nft.NftUnavailable as e:
+        raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
+
+
+def _present(handles: dict[str, list[int]]) -> dict[str, list[int]]:
+    return forward.present_handles(handles) if handles else {}
 
 
 def _apply(script: Callable[[int], str]) -> None:
