@@ -14,6 +14,7 @@ import select
 import subprocess
 from dataclasses import dataclass, field
 
+import pytest
 from cnitest import Netns
 
 BR = {4: "10.88.0.1", 6: "fd88::1"}
@@ -233,3 +234,20 @@ def portmap_conf(prev: dict | None, mappings: list | None, **keys) -> dict:
     if prev is not None:
         conf["prevResult"] = prev
     return conf
+
+
+# Fixtures test_portmap and test_firewall share (each imports them by name).
+@pytest.fixture
+def servers():
+    made = Servers()
+    yield made
+    made.stop()
+
+
+@pytest.fixture
+def node(host, netns_factory):
+    """The node of build_node with two pods on its bridge."""
+    node = build_node(host, netns_factory)
+    node.add_pod(netns_factory("pycni-poda"))
+    node.add_pod(netns_factory("pycni-podb"))
+    return node

@@ -14,32 +14,18 @@ import subprocess
 
 import pytest
 from cnitest import REFERENCE_BIN, Netns
-from portmap_util import OUTSIDE, Servers, answered_by, build_node
+from portmap_util import OUTSIDE, answered_by, node, servers
 from rootskips import missing
 
 from cni import skel
 from cni.host import forward, netns, xtforward
 from cni.plugins import firewall
 
+__all__ = ["node", "servers"]  # the fixtures, used by name
 pytestmark = pytest.mark.root
 
 PORT = 9000
 OWNER = "ctr-a eth0 fwnet"
-
-
-@pytest.fixture
-def servers():
-    made = Servers()
-    yield made
-    made.stop()
-
-
-@pytest.fixture
-def node(host, netns_factory):
-    node = build_node(host, netns_factory)
-    node.add_pod(netns_factory("pycni-poda"))
-    node.add_pod(netns_factory("pycni-podb"))
-    return node
 
 
 def pods(node) -> list[Netns]:

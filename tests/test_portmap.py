@@ -15,36 +15,22 @@ from portmap_util import (
     HOST_OUT,
     LOCALHOST,
     OUTSIDE,
-    Servers,
     answered_by,
     ask,
-    build_node,
+    node,
     portmap_conf,
     records,
     rules_with,
+    servers,
 )
 
 from cni import skel
 from cni.host import hostport, nft
 
+__all__ = ["node", "servers"]  # the fixtures, used by name
 pytestmark = pytest.mark.root
 
 HOST_PORT, POD_PORT = 8080, 80
-
-
-@pytest.fixture
-def servers():
-    made = Servers()
-    yield made
-    made.stop()
-
-
-@pytest.fixture
-def node(host, netns_factory):
-    node = build_node(host, netns_factory)
-    node.add_pod(netns_factory("pycni-poda"))
-    node.add_pod(netns_factory("pycni-podb"))
-    return node
 
 
 def pods(node):

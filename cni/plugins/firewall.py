@@ -26,13 +26,13 @@ from typing import Any
 
 from cni import skel
 from cni.host import forward, nft, nftrecord, xtforward
+from cni.plugins import nftbatch
 from cni.skel import Request
 from cni.spec.config import PluginConf, StrictStr, parse
 from cni.spec.errors import CNIError, Code, invalid_config, unsupported
 from cni.spec.result import Result
 
 POLICIES = ("open", "same-bridge", "isolated")
-_RETRIES = 3  # a batch deleting by handle fails if a concurrent DEL removed the rule first
 _IFNAME = re.compile(r"^[A-Za-z0-9_.:@=+\-]{1,15}$")  # what an nft rule may name, quoted
 
 
@@ -43,14 +43,19 @@ class FirewallConf(PluginConf):
     ingressPolicy: StrictStr = ""
 
 
+def targets(req: Request, conf: FirewallConf) -> tuple[list[str], str | None]:
+    """prevResult's addresses the pod's accepts are for, and the bridge `ingressPolicy`
+    isolates (None: no isolation)."""
+    if req.prev_result is None:
+        raise CNIError(Code.INVALID_CONFIG, "missing prevResult from earlier plugin")
+    return addresses(req.prev_result), isolated_bridge(conf, req.prev_result)
+
+
 # --- verbs ------------------------------------------------------------------------------------
 
 def add(req: Request) -> Result:
     conf = parse_config(req)
-    if req.prev_result is None:
-        raise CNIError(Code.INVALID_CONFIG, "missing prevResult from earlier plugin")
-    ips = addresses(req.prev_result)
-    bridge = isolated_bridge(conf, req.prev_result)
+    ips, bridge = targets(req, conf)
     if not ips and bridge is None:
         return req.prev_result
     comment, chain = owner(req), record(req)
@@ -166,10 +171,7 @@ def _drop_empty_indexes(ips: list[str]) -> None:
 
 def check(req: Request) -> None:
     conf = parse_config(req)
-    if req.prev_result is None:
-        raise CNIError(Code.INVALID_CONFIG, "missing prevResult from earlier plugin")
-    ips = addresses(req.prev_result)
-    bridge = isolated_bridge(conf, req.prev_result)
+    ips, bridge = targets(req, conf)
     if not ips and bridge is None:
         return
     try:
@@ -297,18 +299,4 @@ def _present(handles: dict[str, list[int]]) -> dict[str, list[int]]:
 
 
 def _apply(script: Callable[[int], str]) -> None:
-    """Run the batch script(attempt) builds (a retry lists afresh), rebuilt and retried if it
-    raced another."""
-    for attempt in range(_RETRIES):
-        text = script(attempt)
-        if not text:
-            return
-        try:
-            nft.run(text)
-            return
-        except nft.NftUnavailable as e:
-            raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
-        except nft.NftError as e:
-            if attempt == _RETRIES - 1:
-                raise CNIError(Code.INTERNAL,
-                               f"unable to set up nftables rules for the firewall: {e}") from None
+    nftbatch.apply(script, "the firewall")

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 from cni import skel
 from cni.host import conntrack, hostport, nft, nftrecord
 from cni.host.hostport import Mapping
+from cni.plugins import nftbatch
 from cni.skel import Request
 from cni.spec import keys
 from cni.spec.config import Field, PluginConf, StrictBool, StrictInt, StrictStr, parse
@@ -26,7 +27,6 @@ from cni.spec.result import Result
 
 DEFAULT_MARK_BIT = 13  # accepted and validated as in the reference; nftables needs no mark
 _IPTABLES_CHAIN = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,27}")  # XT_EXTENSION_MAXNAMELEN - 1
-_RETRIES = 3  # a batch deleting by handle fails if a concurrent DEL removed the rule first
 
 
 class PortMapConf(PluginConf):
@@ -365,21 +365,7 @@ def _delete_found(find: Callable[[hostport.Listing],
 
 
 def _apply(script: Callable[[int], str]) -> None:
-    """Run the batch script(attempt) builds (a retry lists afresh), rebuilt and retried if it
-    raced another."""
-    for attempt in range(_RETRIES):
-        text = script(attempt)
-        if not text:
-            return
-        try:
-            nft.run(text)
-            return
-        except nft.NftUnavailable as e:
-            raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
-        except nft.NftError as e:
-            if attempt == _RETRIES - 1:
-                raise CNIError(Code.INTERNAL,
-                               f"unable to set up nftables rules for port mappings: {e}") from None
+    nftbatch.apply(script, "port mappings")
 
 
 def _flush_udp(req: Request, ports: dict[int, set[int]]) -> None:
