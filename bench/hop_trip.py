@@ -5,7 +5,8 @@ without the interpreter's start-up, for requests with almost nothing to do (loop
 
 Each call is the shim's own call_daemon; GAP_MS sleeps between calls (a pod's next plugin
 starts an interpreter first: ~5 ms). VERB: CHECK (a few netlink reads in the pod's namespace,
-the default) or STATUS (nothing to do: the trip alone). Prints the median, p10 and p90 of the trip in ms."""
+the default) or STATUS (nothing to do: the trip alone). Prints the trip's median, p10 and
+p90 in ms."""
 
 from __future__ import annotations
 
