@@ -10,6 +10,7 @@ daemons and plugins: tests/test_daemon.py."""
 
 from __future__ import annotations
 
+import gc
 import os
 import selectors
 import socket
@@ -20,7 +21,7 @@ import pytest
 
 from cni.fast.child import SPARE_READY, take_job
 from cni.fast.pool import SparePool
-from cni.fast.procs import normal_priority
+from cni.fast.procs import fork_child, normal_priority, parent_only
 from cni.fast.state import Options
 
 
@@ -231,3 +232,35 @@ def test_a_spare_waited_for_is_moved_to_normal_priority() -> None:
     finally:
         idle.kill()
         idle.wait()
+
+
+class _Owner:
+    """Something the daemon's parent holds that no child may keep (a client's connection)."""
+
+    def __init__(self) -> None:
+        self.kept, self.other = socket.socketpair()
+        parent_only(self.drop)
+
+    def drop(self) -> None:
+        self.kept.close()
+
+
+def test_every_child_forked_drops_what_only_the_parent_holds() -> None:
+    """procs.fork_child runs each owner's drop in the child (the server's loop, the pool's
+    control sockets, the metrics endpoint); an owner gone since is skipped."""
+    owner, gone = _Owner(), _Owner()
+    del gone
+    gc.collect()
+    me = os.getpid()
+    try:
+        pid = fork_child("test fork")
+    except BaseException:
+        if os.getpid() != me:
+            os._exit(2)  # a drop failed in the child: never back into pytest
+        raise
+    if pid == 0:
+        os._exit(0 if owner.kept.fileno() == -1 else 1)
+    assert pid is not None and os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert owner.kept.fileno() >= 0  # the parent keeps its own
+    owner.kept.close()
+    owner.other.close()
