@@ -10,6 +10,7 @@ daemons and plugins: tests/test_daemon.py."""
 
 from __future__ import annotations
 
+import gc
 import os
 import selectors
 import socket
@@ -20,7 +21,7 @@ import pytest
 
 from cni.fast.child import SPARE_READY, take_job
 from cni.fast.pool import SparePool
-from cni.fast.procs import normal_priority
+from cni.fast.procs import fork_child, normal_priority, parent_only
 from cni.fast.state import Options
 
 
@@ -42,7 +43,7 @@ class Spares:
         self.hurried: list[int] = []  # spares the pool moved back to normal priority
         self.pid = 4_190_000
 
-    def fork(self) -> tuple[int, socket.socket]:
+    def fork(self, _what: str = "") -> tuple[int, socket.socket]:
         parent, child = socket.socketpair()
         self.pid += 1
         self.ends[self.pid] = child
@@ -70,12 +71,13 @@ class Spares:
 
 @pytest.fixture
 def world():
-    clock, spares, back = Clock(), Spares(), []
+    clock, spares = Clock(), Spares()
     sel = selectors.DefaultSelector()
 
     def make(**opts) -> SparePool:
-        return SparePool(Options(**opts), sel, spares.fork, None, back.append, clock=clock,
-                         answered=lambda pid: pid in spares.answered, hurry=spares.hurried.append)
+        return SparePool(Options(**opts), sel, None, fork=spares.fork, clock=clock,
+                         has_answered=lambda pid: pid in spares.answered,
+                         hurry=spares.hurried.append)
 
     def say_ready(pid: int) -> None:
         """Spare `pid` says it is warm (or back after a request); the server's loop reads it."""
@@ -84,7 +86,7 @@ def world():
         for key, _ in sel.select(1):
             key.data(key.fileobj)
 
-    yield make, clock, spares, back, say_ready
+    yield make, clock, spares, say_ready
     for end in spares.ends.values():
         end.close()
     sel.close()
@@ -108,7 +110,7 @@ def warm_pool(make, forks, say_ready, **opts) -> tuple[SparePool, list[int]]:
 
 
 def test_the_pool_grows_while_every_spare_is_busy_up_to_max_spares(world) -> None:
-    make, _clock, spares, back, say_ready = world
+    make, _clock, spares, say_ready = world
     pool, (first,) = warm_pool(make, spares, say_ready, spares=1, max_spares=3)
     assert pool.serve(request()) == first and spares.got(first)
     assert pool.serve(request()) is None  # none warm
@@ -119,11 +121,12 @@ def test_the_pool_grows_while_every_spare_is_busy_up_to_max_spares(world) -> Non
     assert pool.grow(request(), "bridge ADD c4") is None  # full: no fork
     assert len(spares.ends) == 3
     say_ready(grown[0])  # back after its request: the pool keeps it
-    assert back == [grown[0]] and pool.warm() == 1
+    assert pool.take_back() == [grown[0]] and pool.warm() == 1
+    assert pool.take_back() == []  # taken once: the server finishes its job once
 
 
 def test_with_the_pool_full_a_request_waits_up_to_spare_wait(world) -> None:
-    make, clock, spares, _back, say_ready = world
+    make, clock, spares, say_ready = world
     pool, (only,) = warm_pool(make, spares, say_ready, spares=1, max_spares=1, spare_wait=0.5)
     received = clock.now
     assert not pool.waits(received, lambda: False)  # one is warm: it is served
@@ -139,7 +142,7 @@ def test_with_the_pool_full_a_request_waits_up_to_spare_wait(world) -> None:
 
 
 def test_a_nested_call_never_waits_for_a_spare(world) -> None:
-    make, clock, spares, _back, say_ready = world
+    make, clock, spares, say_ready = world
     pool, (only,) = warm_pool(make, spares, say_ready, spares=1, max_spares=1, spare_wait=600)
     assert pool.serve(request()) == only
     asked = []
@@ -156,7 +159,7 @@ def test_a_nested_call_never_waits_for_a_spare(world) -> None:
 
 
 def test_the_spares_beyond_spares_retire_after_spare_linger_idle(world) -> None:
-    make, clock, spares, _back, say_ready = world
+    make, clock, spares, say_ready = world
     pool, (first,) = warm_pool(make, spares, say_ready, spares=1, max_spares=3,
                                spare_linger=10)
     assert pool.serve(request()) == first and spares.got(first)
@@ -179,7 +182,7 @@ def test_the_spares_beyond_spares_retire_after_spare_linger_idle(world) -> None:
 
 
 def test_the_spare_back_last_serves_first(world) -> None:
-    make, clock, spares, _back, say_ready = world
+    make, clock, spares, say_ready = world
     pool, pids = warm_pool(make, spares, say_ready, spares=3, max_spares=3)
     for pid in pids:
         assert pool.serve(request()) == pid  # (each warm one is taken)
@@ -195,7 +198,7 @@ def test_the_spare_back_last_serves_first(world) -> None:
 def test_a_request_waits_for_a_spare_on_its_way_back_rather_than_grow(world) -> None:
     """A request that follows another (a pod's next plugin, the next pod) finds that one's
     spare answered and going home: it waits for it, and the pool stays at --spares."""
-    make, clock, spares, _back, say_ready = world
+    make, clock, spares, say_ready = world
     pool, (a, b) = warm_pool(make, spares, say_ready, spares=2, max_spares=8, spare_wait=0.5)
     assert pool.serve(request()) == a and pool.serve(request()) == b
     received = clock.now
@@ -229,3 +232,35 @@ def test_a_spare_waited_for_is_moved_to_normal_priority() -> None:
     finally:
         idle.kill()
         idle.wait()
+
+
+class _Owner:
+    """Something the daemon's parent holds that no child may keep (a client's connection)."""
+
+    def __init__(self) -> None:
+        self.kept, self.other = socket.socketpair()
+        parent_only(self.drop)
+
+    def drop(self) -> None:
+        self.kept.close()
+
+
+def test_every_child_forked_drops_what_only_the_parent_holds() -> None:
+    """procs.fork_child runs each owner's drop in the child (the server's loop, the pool's
+    control sockets, the metrics endpoint); an owner gone since is skipped."""
+    owner, gone = _Owner(), _Owner()
+    del gone
+    gc.collect()
+    me = os.getpid()
+    try:
+        pid = fork_child("test fork")
+    except BaseException:
+        if os.getpid() != me:
+            os._exit(2)  # a drop failed in the child: never back into pytest
+        raise
+    if pid == 0:
+        os._exit(0 if owner.kept.fileno() == -1 else 1)
+    assert pid is not None and os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert owner.kept.fileno() >= 0  # the parent keeps its own
+    owner.kept.close()
+    owner.other.close()

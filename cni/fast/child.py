@@ -34,13 +34,18 @@ from cni.fast import attachlock
 from cni.fast import protocol as proto
 from cni.fast.fds import close_all, fds_from
 from cni.fast.preload import keep_home_sockets, set_environ, warm_requests, warm_up
-from cni.fast.procs import become_subreaper, set_name
+from cni.fast.procs import become_subreaper, comm, set_name
 from cni.host import nsfd
 
 log = logging.getLogger("pycni.daemon")
 
+# A child's exit code tells the parent how its request ended (Server._finish):
+EXIT_ANSWERED = 0  # it sent the reply; a spare leaving between requests (nothing to answer)
+EXIT_CRASHED = 3  # failed before it ran a request, or outside one: the parent answers for it
+EXIT_FAILED = 4  # failed after the ACK: the parent answers for it (error 999)
 EXIT_NOT_STARTED = 75  # the child could not ACK (the shim is gone): nothing ran
-DONE = "pycni-done"  # a child's name once it has its reply (see Server._hangup)
+ALARM_MARGIN = 10  # seconds past --timeout a child kills itself, should the parent be gone
+DONE = "pycni-done"  # a child's name once it has sent its reply (has_answered)
 SPARE = "pycni-spare"  # an idle spare's name
 MAX_SERVED = 64  # requests a spare serves before it exits: bounds what a process accumulates
 THREADS_WAIT = 10.0  # for a request's helper threads to end (linkgone's waits ~10-30 ms)
@@ -51,6 +56,12 @@ _PID = struct.Struct("!I")
 READY_SIZE = len(b"W") + _PID.size
 Job = tuple[socket.socket, bytes, list[int]]  # a request's connection, bytes and fds
 after_reply: Callable[[object], None] | None = None  # told each reply sent (metrics.py)
+
+
+def has_answered(pid: int) -> bool:
+    """Whether child `pid` has sent its request's reply (by its name: run_request names it DONE
+    before the reply; a spare renames itself once the parent has its SPARE_READY)."""
+    return comm(pid) == DONE
 
 
 def ready_pid(message: bytes) -> int | None:
@@ -102,7 +113,7 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None,
     unused). With `first`, it was forked for that request while every spare was busy (the
     pool grows under load, pool.SparePool.grow): no warm-up, it serves the request at once and joins
     the pool after it, as a used spare."""
-    code = 3
+    code = EXIT_CRASHED
     try:
         gc.disable()
         try:
@@ -135,15 +146,15 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None,
                 try:
                     ctl.sendall(SPARE_READY + _PID.pack(os.getpid()))
                 except OSError:
-                    os._exit(0)  # the daemon retired us, or it stopped
+                    os._exit(EXIT_ANSWERED)  # the daemon retired us, or it stopped
                 set_name(SPARE)  # after READY: until the parent has it, our name says DONE
                 job = take_job(ctl)
                 if job is None:
-                    os._exit(0)
+                    os._exit(EXIT_ANSWERED)
             conn, data, fds = job
             job = None
             code = run_request(conn, *proto.decode_request(data), fds, timeout, runner)
-            if code != 0 or served == MAX_SERVED or not back_home(home):
+            if code != EXIT_ANSWERED or served == MAX_SERVED or not back_home(home):
                 break
     except BaseException:  # noqa: BLE001
         log.exception("spare child failed")
@@ -154,7 +165,7 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None,
 def run_child(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes, roles: int,
               umask: int, fds: list[int], timeout: float, runner: Runner | None) -> None:
     """Run one request and exit; never returns into the parent's loop."""
-    code = 3
+    code = EXIT_CRASHED
     try:
         code = run_request(conn, plugin, env_block, stdin, roles, umask, fds, timeout, runner)
     finally:
@@ -163,9 +174,9 @@ def run_child(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes, 
 
 def run_request(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes, roles: int,
                 umask: int, fds: list[int], timeout: float, runner: Runner | None) -> int:
-    """ACK, become the caller, run, reply; -> the exit code the parent reads it by: 0 answered,
-    EXIT_NOT_STARTED nothing ran, else it failed after the ACK and the parent answers."""
-    code = 3
+    """ACK, become the caller, run, reply; -> the exit code the parent reads it by:
+    EXIT_ANSWERED, EXIT_NOT_STARTED (nothing ran), else it failed and the parent answers."""
+    code = EXIT_CRASHED
     try:
         gc.disable()  # collection only costs time here (a spare collects after the reply)
         set_name(f"pycni-{plugin}")
@@ -173,13 +184,13 @@ def run_request(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes
             os.setpgid(0, 0)
         except OSError:
             pass  # the parent did it first
-        signal.alarm(int(timeout) + 10)  # backstop should the parent be gone
+        signal.alarm(int(timeout) + ALARM_MARGIN)  # backstop should the parent be gone
         conn.setblocking(True)
         try:
             conn.sendall(proto.ACK)
         except OSError:
             return EXIT_NOT_STARTED
-        code = 4
+        code = EXIT_FAILED
         by_role = dict(zip([r for r in proto.ROLES if roles & r], fds, strict=True))
         env = proto.decode_env(env_block)
         attachlock.vouch(env, lambda: peer_pid(conn))  # (a nested call) in the daemon's /proc
@@ -190,7 +201,7 @@ def run_request(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes
                                     f"namespaces: {e}", stdin)
             set_name(DONE)
             conn.sendall(proto.encode_reply(1, out, b""))
-            return 0
+            return EXIT_ANSWERED
         if runner is None:
             from cni import skel
             from cni.host import conntrack
@@ -202,7 +213,7 @@ def run_request(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes
                                wait=max(timeout - 1.0, timeout / 2))
         set_name(DONE)  # the parent must not take the caller's close for a hang-up now
         conn.sendall(proto.encode_reply(reply.code, reply.stdout, reply.stderr))
-        code = 0
+        code = EXIT_ANSWERED
         if after_reply is not None:
             after_reply(reply)
     except BaseException:  # noqa: BLE001 - whatever happened, the parent answers for us

@@ -31,8 +31,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from cni import registry
-from cni.fast import child
-from cni.fast.child import EXIT_NOT_STARTED
+from cni.fast import child, procs
+from cni.fast.child import EXIT_ANSWERED, EXIT_NOT_STARTED
 from cni.fast.fds import accepted
 from cni.fast.state import Job
 
@@ -127,6 +127,7 @@ class Metrics:
             s.setblocking(False)
         child.after_reply = lambda reply: report(out, reply)  # inherited by every fork
         self.outbox = out
+        procs.parent_only(self.close_in_child)
         host, port = parse_listen(listen)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # reuse_port: a successor (handover.py) listens here before its predecessor exits
@@ -169,7 +170,7 @@ class Metrics:
         else:
             at = time.monotonic()
             result = ("abandoned" if job.abandoned else "11" if job.timed_out
-                      else "999" if exit_code != 0 else "unknown")
+                      else "999" if exit_code != EXIT_ANSWERED else "unknown")
         self.requests.labels(plugin, verb, result).inc()
         self.duration.labels(plugin, verb).observe(max(0.0, at - job.received))
 

@@ -1,7 +1,8 @@
 """The spare pool: children forked and warmed ahead of requests (child.spare_main), each serving
 request after request. The server asks it for a spare and tells it each turn of its loop what
-runs; the pool tells the server when a spare serving a request is back (`on_back`: that
-request is over). Its rules:
+runs; it never calls the server: the server takes the pids of the spares back from their
+request (take_back: that request is over) and asks it whether a request's child has answered
+(answered) and until when a request waits for a spare (wait_ends). Its rules:
 
 - `--spares` warm ones at rest, asked of the zygote (zygote.py) at idle priority, or forked
   here while no request runs (refill);
@@ -31,16 +32,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cni.fast.child import DONE, READY_SIZE, Runner, hand_over, ready_pid, spare_main
+from cni.fast.child import READY_SIZE, Runner, hand_over, has_answered, ready_pid, spare_main
 from cni.fast.preload import private_netns
-from cni.fast.procs import become_subreaper, comm, normal_priority, own_group
+from cni.fast.procs import (
+    become_subreaper,
+    fork_with_socket,
+    normal_priority,
+    own_group,
+    parent_only,
+)
 from cni.fast.state import Options
 from cni.fast.zygote import take_spare_sockets, zygote_main
 
 log = logging.getLogger("pycni.daemon")
 
-# fork_with_socket that leaves the parent's loop behind in the child (Server._fork)
-Fork = Callable[[], "tuple[int, socket.socket] | None"]
+# procs.fork_with_socket (the child drops what only the parent holds); tests pass a fake
+Fork = Callable[[str], "tuple[int, socket.socket] | None"]
 Request = tuple[socket.socket, bytes, list[int]]  # a request's connection, bytes and fds
 
 
@@ -58,19 +65,19 @@ class Spare:
 
 
 class SparePool:
-    def __init__(self, opts: Options, sel: selectors.BaseSelector, fork: Fork,
-                 runner: Runner | None, on_back: Callable[[int], None],
+    def __init__(self, opts: Options, sel: selectors.BaseSelector, runner: Runner | None, *,
+                 fork: Fork = fork_with_socket,
                  clock: Callable[[], float] = time.monotonic,
-                 answered: Callable[[int], bool] = lambda pid: comm(pid) == DONE,
+                 has_answered: Callable[[int], bool] = has_answered,
                  hurry: Callable[[int], None] = normal_priority) -> None:
         self.opts = opts
         self.sel = sel  # the server's: ctl and zygote sockets are served by its loop
         self.fork = fork
         self.runner = runner
-        self.on_back = on_back
         self.clock = clock
-        self.answered = answered  # whether the spare serving as pid has sent its reply
+        self.has_answered = has_answered  # child.has_answered: whether pid sent its reply
         self.hurry = hurry  # a spare going home that a request waits for: at normal priority
+        self.back: list[int] = []  # spares back from their request since take_back
         self.spares: dict[int, Spare] = {}  # by the fd of their ctl
         self.zygote: socket.socket | None = None  # the spare maker's socket (zygote.py)
         self.ordered = 0  # spares asked of the zygote and not received yet
@@ -81,6 +88,7 @@ class SparePool:
         # the spares going home, read once a turn of the server's loop (None: not yet this
         # turn): each is a /proc read, and a burst queues dozens of requests that each ask
         self._going_home: list[Spare] | None = None
+        parent_only(self.close_in_child)
 
     def start(self) -> None:
         """Before the server serves: the namespace spares warm up in, and the zygote."""
@@ -112,7 +120,7 @@ class SparePool:
         forks a one-request child, or not)."""
         if not self.may_grow():
             return None
-        forked = self.fork()
+        forked = self.fork("spare fork")
         if forked is None:
             return None
         pid, end = forked
@@ -132,11 +140,10 @@ class SparePool:
         a running job (`nested`, asked last: it walks /proc): that job holds a spare until it
         is answered."""
         spares = self.spares.values()
-        if (not self.opts.spares or any(s.ready for s in spares)
-                or self.clock() - received >= self.opts.spare_wait):
+        if not self.opts.spares or any(s.ready for s in spares) or self.wait_ends(received) is None:
             return False
         if self._going_home is None:
-            self._going_home = [s for s in spares if s.serving and self.answered(s.pid)]
+            self._going_home = [s for s in spares if s.serving and self.has_answered(s.pid)]
         going_home = self._going_home
         if not (going_home or not self.may_grow() and any(s.serving for s in spares)):
             return False
@@ -147,6 +154,25 @@ class SparePool:
                 self.hurry(spare.pid)
                 spare.hurried = True
         return True
+
+    def wait_ends(self, received: float) -> float | None:
+        """When a request complete since `received` stops waiting for a spare (waits), on the
+        pool's clock; None once that is past (it then waits for its attachment alone, if at all:
+        the server's loop must not wake for it)."""
+        end = received + self.opts.spare_wait
+        return end if end > self.clock() else None
+
+    def answered(self, pid: int) -> bool:
+        """Whether the child running as `pid` (a spare or a one-request child) has sent its
+        request's reply: by its name (child.has_answered), or, a spare, by its saying it is back
+        (read already, or waiting on its control socket)."""
+        return pid in self.back or self.has_answered(pid) or self.said_ready(pid)
+
+    def take_back(self) -> list[int]:
+        """The pids of the spares back from their request since the last call: those requests
+        are over (the server finishes their jobs)."""
+        back, self.back = self.back, []
+        return back
 
     def said_ready(self, pid: int) -> bool:
         """Whether the spare running as `pid` has said it is back (not yet read here)."""
@@ -190,12 +216,14 @@ class SparePool:
                 "ordered": self.ordered}  # asked of the zygote, not yet here
 
     def close_in_child(self) -> None:
-        """A forked child drops the pool's sockets: spares and the zygote must see EOF when
-        the parent dies, not wait on a copy."""
+        """A forked child drops the pool's sockets (procs.parent_only): spares and the zygote
+        must see EOF when the parent dies, not wait on a copy."""
         for spare in self.spares.values():
             spare.ctl.close()
+        self.spares.clear()
         if self.zygote is not None:
             self.zygote.close()
+            self.zygote = None
 
     # Size ---------------------------------------------------------------------------------------
     def _refill_wanted(self, running: int, queued: bool) -> bool:
@@ -222,7 +250,7 @@ class SparePool:
                     continue
                 except OSError:
                     self._retire_zygote()
-            forked = self.fork()
+            forked = self.fork("spare fork")
             if forked is None:
                 return
             pid, end = forked
@@ -275,7 +303,7 @@ class SparePool:
             return
         if spare.serving:
             spare.serving = False
-            self.on_back(spare.pid)
+            self.back.append(spare.pid)
         elif not spare.pid:
             log.debug("spare %d is warm", pid)  # requests from now on skip the fork
         spare.pid, spare.ready, spare.idle_since = pid, True, self.clock()
@@ -291,7 +319,7 @@ class SparePool:
         parent forks its spares itself."""
         if not become_subreaper():
             return
-        forked = self.fork()
+        forked = self.fork("zygote fork")
         if forked is None:
             return
         pid, end = forked

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import weakref
+from collections.abc import Callable
 
 from cni.host import nsfd
 
@@ -15,14 +17,40 @@ PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NAME = 15
 
 
-def fork_with_socket(what: str) -> tuple[int, socket.socket] | None:
-    """Fork with a socketpair between the two: (child's pid, the parent's end) in the parent,
-    (0, the child's end) in the child; None (logged) if the fork failed."""
-    parent_end, child_end = socket.socketpair()
+# What only the parent's loop may hold (the listener, clients' connections, spares' control
+# sockets, the metrics endpoint): each owner registers how to drop its own (parent_only), and
+# every child the daemon forks (fork_child) drops them all, so that clients and spares see EOF
+# when the parent dies, not wait on a copy. Weak: an owner gone (a test's) is skipped.
+_parent_only: list[weakref.WeakMethod] = []
+
+
+def parent_only(drop: Callable[[], None]) -> None:
+    """`drop` (a bound method) runs in every child forked by fork_child, before it returns."""
+    _parent_only.append(weakref.WeakMethod(drop))
+
+
+def fork_child(what: str) -> int | None:
+    """os.fork, the child dropping what only the parent holds (parent_only); None (logged) if
+    the fork failed. Not for a fork that execs at once (handover.spawn: it keeps the listener)."""
     try:
         pid = os.fork()
     except OSError as e:
         log.error("%s: %s", what, e)
+        return None
+    if pid == 0:
+        for ref in _parent_only:
+            drop = ref()
+            if drop is not None:
+                drop()
+    return pid
+
+
+def fork_with_socket(what: str) -> tuple[int, socket.socket] | None:
+    """fork_child with a socketpair between the two: (child's pid, the parent's end) in the
+    parent, (0, the child's end) in the child; None (logged) if the fork failed."""
+    parent_end, child_end = socket.socketpair()
+    pid = fork_child(what)
+    if pid is None:
         parent_end.close()
         child_end.close()
         return None

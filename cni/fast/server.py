@@ -25,17 +25,19 @@ from collections import deque
 from cni import __version__, registry  # __version__ bound at start: the one this daemon runs
 from cni.fast import attachlock
 from cni.fast import protocol as proto
-from cni.fast.child import DONE, EXIT_NOT_STARTED, Runner, run_child
+from cni.fast.child import EXIT_ANSWERED, EXIT_NOT_STARTED, Runner, run_child
 from cni.fast.fds import accepted, close_all, drain, fds_from, peer_gone, send_quietly
 from cni.fast.handover import Handover
 from cni.fast.listener import inode, sd_notify, sock_name
 from cni.fast.pool import SparePool
-from cni.fast.procs import comm, fork_with_socket, own_group, parent
+from cni.fast.procs import fork_child, own_group, parent, parent_only
 from cni.fast.state import Counts, Job, Options, Pending, Ready
 
 log = logging.getLogger("pycni.daemon")
 
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+LOOP_TICK = 5.0  # seconds the loop sleeps at most with nothing due (it has nothing periodic)
+ANSWER_TIMEOUT = 1.0  # for an error reply sent for a child (its caller reads it, or is gone)
 
 
 def drain_bound(opts: Options) -> float:
@@ -62,10 +64,11 @@ class Server:
         self.drain_deadline = float("inf")  # set by stop(): every accepted request ends by it
         self.signals = 0  # SIGTERM/SIGINT seen; acted on in the loop, never inside the handler
         self.wake_r, self.wake_w = socket.socketpair()
-        self.pool = SparePool(opts, self.sel, self._fork, runner, self._spare_back)
+        self.pool = SparePool(opts, self.sel, runner)
         self.counts = Counts()
         self.metrics = None  # metrics.Metrics when --metrics-listen is set
         self.handover = Handover(self)  # to a successor, when pycni install asks (upgrades)
+        parent_only(self._close_in_child)
 
     # The loop ----------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -82,6 +85,8 @@ class Server:
         while not (self.stopping and not (self.jobs or self.pending or self.queue)):
             for key, _ in self.sel.select(self._next_timeout()):
                 key.data(key.fileobj)
+            for pid in self.pool.take_back():
+                self._spare_back(pid)
             self._handle_signals()
             self._reap()
             self._expire()
@@ -95,14 +100,11 @@ class Server:
     def _next_timeout(self) -> float:
         deadlines = [p.deadline for p in self.pending.values()]
         deadlines += [j.deadline for j in self.jobs.values() if not j.timed_out]
-        # when a request waiting for a spare stops waiting (pool.waits); not those past
-        # it, which wait for their attachment alone (held): they would spin the loop
-        now = time.monotonic()
-        deadlines += [r.received + self.opts.spare_wait for r in self.queue
-                      if r.received + self.opts.spare_wait > now]
+        # when a request waiting for a spare stops waiting (the pool's rule)
+        deadlines += [end for r in self.queue if (end := self.pool.wait_ends(r.received))]
         if not deadlines:
-            return 5.0
-        return max(0.0, min(min(deadlines) - time.monotonic(), 5.0))
+            return LOOP_TICK
+        return max(0.0, min(min(deadlines) - time.monotonic(), LOOP_TICK))
 
     def _install_signals(self) -> None:
         for sock in (self.wake_r, self.wake_w):
@@ -334,15 +336,12 @@ class Server:
         if pid is not None:
             self._started_forked(pid, ready, stdin)
             return
-        try:
-            pid = os.fork()
-        except OSError as e:
-            log.error("fork: %s", e)
+        pid = fork_child("fork")
+        if pid is None:
             close_all(ready.fds)
             ready.conn.close()  # no ACK: the shim runs it in-process
             return
         if pid == 0:
-            self._become_child()
             run_child(ready.conn, plugin, env_block, stdin, roles, umask, ready.fds,
                       self.opts.timeout, self.runner)  # never returns
         own_group(pid)
@@ -381,7 +380,7 @@ class Server:
         job.watched = False
         if self.jobs.get(job.pid) is not job:
             return
-        if comm(job.pid) == DONE or self.pool.said_ready(job.pid):
+        if self.pool.answered(job.pid):
             self._release(job)  # it had answered: the caller read the reply and closed
             return
         log.info("%s: the caller went away; stopping its request", job.label)
@@ -392,17 +391,11 @@ class Server:
         """The spare serving the job of `pid` is back: that request is over."""
         job = self.jobs.pop(pid, None)
         if job is not None:
-            self._finish(job, 0, "the spare is back")
+            self._finish(job, EXIT_ANSWERED, "the spare is back")
 
-    def _fork(self) -> tuple[int, socket.socket] | None:
-        """fork_with_socket, the child leaving the parent's loop behind (_become_child)."""
-        forked = fork_with_socket("fork")
-        if forked is not None and forked[0] == 0:
-            self._become_child()
-        return forked
-
-    def _become_child(self) -> None:
-        """Drop everything of the parent's: other clients must see EOF when the parent dies."""
+    def _close_in_child(self) -> None:
+        """In every child forked (procs.parent_only): drop everything of the parent's loop, so
+        that other clients see EOF when the parent dies. The pool and the metrics drop theirs."""
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
@@ -416,9 +409,9 @@ class Server:
         for other in self.queue:
             other.conn.close()
             close_all(other.fds)
-        self.pool.close_in_child()
-        if self.metrics:
-            self.metrics.close_in_child()
+        self.pending.clear()  # (raw fds: never closed twice, in a grandchild, by number)
+        self.jobs.clear()
+        self.queue.clear()
         self.sel.close()
 
     def _reap(self) -> None:
@@ -465,7 +458,7 @@ class Server:
         if job.watched:
             self.sel.unregister(job.conn)
             job.watched = False
-        if code not in (0, EXIT_NOT_STARTED) and not job.abandoned:
+        if code not in (EXIT_ANSWERED, EXIT_NOT_STARTED) and not job.abandoned:
             if job.timed_out and job.deadline >= self.drain_deadline:
                 why, err = "stopped: the daemon's drain ended (it stops)", proto.TRY_AGAIN_LATER
             elif job.timed_out:
@@ -477,7 +470,7 @@ class Server:
             log.error("%s: %s", job.label, why)
             out = proto.error_reply(err, f"pycni daemon: {job.label} {why}",
                                     job.stdin)
-            job.conn.settimeout(1.0)
+            job.conn.settimeout(ANSWER_TIMEOUT)
             send_quietly(job.conn, proto.encode_reply(1, out, b""))
         job.conn.close()
 
