@@ -943,6 +943,18 @@ def test_preload_imports_pyroute2_once_for_every_request() -> None:
     assert out == ["True", "[]"]
 
 
+def child_named(name: str) -> subprocess.Popen:
+    """A process that names itself `name` (as a daemon's child does: child.DONE once it has
+    answered) and sleeps."""
+    code = ("import ctypes, sys, time\n"
+            "ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)\n"  # PR_SET_NAME
+            "print('named', flush=True); time.sleep(60)\n")
+    proc = subprocess.Popen([str(VENV_PY), "-c", code, name], stdout=subprocess.PIPE,
+                            start_new_session=True)
+    assert proc.stdout.readline() == b"named\n"
+    return proc
+
+
 def test_an_answered_request_frees_its_attachment_before_its_child_exits() -> None:
     """A child that has its reply (named DONE) and whose caller read it and hung up only exits:
     the next request on the attachment need not wait for that exit (closing an nftables or
@@ -951,15 +963,6 @@ def test_an_answered_request_frees_its_attachment_before_its_child_exits() -> No
 
     from cni.fast.child import DONE
     from cni.fast.server import Job, Options, Server
-
-    def child_named(name: str) -> subprocess.Popen:
-        code = ("import ctypes, sys, time\n"
-                "ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)\n"  # PR_SET_NAME
-                "print('named', flush=True); time.sleep(60)\n")
-        proc = subprocess.Popen([str(VENV_PY), "-c", code, name], stdout=subprocess.PIPE,
-                                start_new_session=True)
-        assert proc.stdout.readline() == b"named\n"
-        return proc
 
     listener, _ = socket.socketpair()
     server = Server(listener, Options(spares=0))
@@ -980,6 +983,31 @@ def test_an_answered_request_frees_its_attachment_before_its_child_exits() -> No
         server.jobs.clear()
         server.busy.clear()
     assert outcome == {DONE: (False, False), "pycni-request": (True, True)}
+
+
+def test_status_counts_a_reply_sent_before_its_spare_is_back() -> None:
+    """A spare sends its reply, then goes home at idle priority and only then says it is back
+    (its job ends there). A caller that has its reply and asks the daemon's figures at once
+    (tests count the requests a runtime made; a busy node starves SCHED_IDLE) must find that
+    request answered, by its plugin too; one still running is not."""
+    from cni.fast.child import DONE
+    from cni.fast.server import Job, Options, Server
+
+    listener, _ = socket.socketpair()
+    server = Server(listener, Options(spares=0))
+    children = [child_named(DONE), child_named("pycni-request")]
+    try:
+        for child, plugin in zip(children, ("loopback", "bridge"), strict=True):
+            conn, _caller = socket.socketpair()
+            server.jobs[child.pid] = Job(child.pid, conn, time.monotonic() + 60,
+                                         f"{plugin} ADD c{child.pid}", b"")
+        figures = server.status()
+        assert (figures["answered"], figures["running"]) == (1, 2)
+        assert figures["by_plugin"] == {"loopback": 1}
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
 
 
 # --- the daemon's own figures (status.query) and pycni doctor's lines -------------------------

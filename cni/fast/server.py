@@ -231,12 +231,21 @@ class Server:
 
     def status(self) -> dict:
         """The figures a status query answers (status.query). The version is the one this
-        daemon imported when it started: a newer pycni installed since does not change it."""
+        daemon imported when it started: a newer pycni installed since does not change it.
+        "answered" counts the requests whose reply was sent, also those whose spare is still on
+        its way home (at idle priority: its job ends when it is back), so a caller that has its
+        reply never sees a count without it."""
+        by_plugin = dict(self.counts.by_plugin)
+        replied = [job for job in self.jobs.values()
+                   if not job.abandoned and self.pool.answered(job.pid)]
+        for job in replied:
+            name = self._plugin_name(job)
+            by_plugin[name] = by_plugin.get(name, 0) + 1
         return {"version": __version__, "pid": os.getpid(), "started": self.counts.started,
-                "answered": self.counts.answered, "forked": self.counts.forked,
+                "answered": self.counts.answered + len(replied), "forked": self.counts.forked,
                 "running": len(self.jobs), "queued": len(self.queue),
                 "stopping": self.stopping, "spares": self.pool.status(),
-                "by_plugin": dict(self.counts.by_plugin),
+                "by_plugin": by_plugin,
                 "plugins": {"served": list(registry.names()),
                             "refused": dict(registry.REFUSED)}}
 
@@ -445,13 +454,18 @@ class Server:
             if not owners:
                 del self.busy[job.key]
 
+    @staticmethod
+    def _plugin_name(job: Job) -> str:
+        """The plugin a job runs, as status counts it ("other": a name the registry lacks)."""
+        name = job.label.partition(" ")[0]
+        return name if name in registry.names() else "other"
+
     def _finish(self, job: Job, code: int, how: str = "") -> None:
         log.debug("served %s (%s)", job.label, how or f"child exit {code}")
         self._release(job)
         if code != EXIT_NOT_STARTED and not job.abandoned:
             self.counts.answered += 1
-            name = job.label.partition(" ")[0]
-            name = name if name in registry.names() else "other"
+            name = self._plugin_name(job)
             self.counts.by_plugin[name] = self.counts.by_plugin.get(name, 0) + 1
         if self.metrics:
             self.metrics.finished(job, code)
