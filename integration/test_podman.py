@@ -49,6 +49,30 @@ def http_get(node_netns, addr: str, port: int) -> str:
     return proc.stdout if proc.returncode == 0 else ""
 
 
+def start_web(podman: Podman, net: str | None, subnet: ipaddress.IPv4Network, rootfs: Path,
+              *flags: str) -> tuple[str, str]:
+    """`podman run -d -p HOSTPORT:80` of busybox httpd named web on `net` (None: podman's
+    default network); its container ID and its address, which is in `subnet`."""
+    network = ["--network", net] if net else []
+    cid = podman.run("run", "-d", *flags, "--name", "web", *network, "-p", f"{HOSTPORT}:80",
+                     "--rootfs", str(rootfs), "/bin/httpd", "-f", "-p", "80", "-h",
+                     "/www").stdout.strip()
+    assert cid
+    inspect = json.loads(podman.run("inspect", "web").stdout)[0]
+    ip = inspect["NetworkSettings"]["Networks"][net or "podman"]["IPAddress"]
+    assert ipaddress.ip_address(ip) in subnet
+    return cid, ip
+
+
+def hostport_answers(node_netns) -> str:
+    """The hostPort answers from the node itself, on its own address and on localhost."""
+    body = wait_for("the hostPort to answer",
+                    lambda: http_get(node_netns, NODE_ADDR, HOSTPORT), timeout=20)
+    assert body == "hello from a podman pod\n"
+    assert http_get(node_netns, "127.0.0.1", HOSTPORT) == body
+    return body
+
+
 @pytest.mark.parametrize("conflist", conflists())
 def test_podman_cni_hostport_answers_and_rm_leaves_nothing(conflist, node_netns,
                                                            tmp_path) -> None:
@@ -67,19 +91,9 @@ def test_podman_cni_hostport_answers_and_rm_leaves_nothing(conflist, node_netns,
         with cleanup(podman.stop):
             nets = json.loads(podman.run("network", "ls", "--format", "json").stdout)
             assert net in {n["name"] for n in nets}
-            cid = podman.run("run", "-d", "--rm", "--name", "web", "--network", net,
-                             "-p", f"{HOSTPORT}:80", "--rootfs", str(rootfs),
-                             "/bin/httpd", "-f", "-p", "80", "-h", "/www").stdout.strip()
-            assert cid
-            inspect = json.loads(podman.run("inspect", "web").stdout)[0]
-            ip = inspect["NetworkSettings"]["Networks"][net]["IPAddress"]
-            assert ipaddress.ip_address(ip) in subnet
-
+            cid, ip = start_web(podman, net, subnet, rootfs, "--rm")
             # The hostPort, from the node itself: its own address and localhost.
-            body = wait_for("the hostPort to answer",
-                            lambda: http_get(node_netns, NODE_ADDR, HOSTPORT), timeout=20)
-            assert body == "hello from a podman pod\n"
-            assert http_get(node_netns, "127.0.0.1", HOSTPORT) == body
+            body = hostport_answers(node_netns)
             # And the pod directly, through the bridge.
             assert http_get(node_netns, ip, 80) == body
             assert cid in node_netns.run("nft", "list", "ruleset").stdout  # our DNAT, by id
@@ -104,19 +118,9 @@ def _podman_network_round(node_netns, podman: Podman, state: Path, net: str | No
                           subnet: ipaddress.IPv4Network, rootfs: Path) -> None:
     """podman run -p on `net` (None: podman's default network): the hostPort answers, the
     container reaches the node, CHECK-free `podman rm` leaves nothing."""
-    network = ["--network", net] if net else []
-    cid = podman.run("run", "-d", "--name", "web", *network, "-p", f"{HOSTPORT}:80",
-                     "--rootfs", str(rootfs), "/bin/httpd", "-f", "-p", "80", "-h",
-                     "/www").stdout.strip()
-    assert cid
-    inspect = json.loads(podman.run("inspect", "web").stdout)[0]
     name = net or "podman"
-    ip = inspect["NetworkSettings"]["Networks"][name]["IPAddress"]
-    assert ipaddress.ip_address(ip) in subnet
-    body = wait_for("the hostPort to answer",
-                    lambda: http_get(node_netns, NODE_ADDR, HOSTPORT), timeout=20)
-    assert body == "hello from a podman pod\n"
-    assert http_get(node_netns, "127.0.0.1", HOSTPORT) == body
+    cid, _ = start_web(podman, net, subnet, rootfs)
+    hostport_answers(node_netns)
     ruleset = node_netns.run("nft", "list", "ruleset").stdout
     assert f'comment "{cid} eth0 {name}"' in ruleset  # firewall's accepts, by owner
     # The container reaches the node: the node's own address, through the bridge's gateway.

@@ -198,9 +198,7 @@ def check(req: Request) -> None:
 
 
 def status(req: Request) -> None:
-    ok, why = nft.available()
-    if not ok:
-        raise CNIError(Code.NOT_AVAILABLE, f"firewall: nftables is not usable: {why}")
+    nftbatch.require_nftables("firewall")
 
 
 # --- config -----------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""One nftables batch for a plugin's verb, rebuilt and retried when it raced another process's:
-portmap and firewall delete rules by handle, and a concurrent DEL may have removed one first."""
+"""What portmap and firewall, the plugins that live on nftables, share: one batch for a verb,
+rebuilt and retried when it raced another process's (both delete rules by handle, and a
+concurrent DEL may have removed one first), and STATUS's check that nftables is usable."""
 
 from __future__ import annotations
 
@@ -27,3 +28,10 @@ def apply(script: Callable[[int], str], what: str) -> None:
             if attempt == RETRIES - 1:
                 raise CNIError(Code.INTERNAL, f"unable to set up nftables rules for {what}: "
                                f"{e}") from None
+
+
+def require_nftables(plugin: str) -> None:
+    """STATUS of a plugin that lives on nftables: error 50 saying why it is not usable."""
+    ok, why = nft.available()
+    if not ok:
+        raise CNIError(Code.NOT_AVAILABLE, f"{plugin}: nftables is not usable: {why}")

@@ -152,9 +152,7 @@ def gc(req: Request) -> int:
 
 
 def status(req: Request) -> None:
-    ok, why = nft.available()
-    if not ok:
-        raise CNIError(Code.NOT_AVAILABLE, f"portmap: nftables is not usable: {why}")
+    nftbatch.require_nftables("portmap")
 
 
 # --- config -----------------------------------------------------------------------------------
