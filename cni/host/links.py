@@ -14,16 +14,23 @@ if TYPE_CHECKING:
 IFF_UP = 0x1
 IFF_PROMISC = 0x100
 IFF_ALLMULTI = 0x200
+LOOPBACK_IFINDEX = 1  # include/net/net_namespace.h: each namespace's lo has this index
 
 
 def set_loopback(target: int | str, up: bool) -> list[str]:
-    """Set lo up or down in the namespace; returns lo's addresses (after the change)."""
+    """Set lo up or down in the namespace; returns lo's addresses (after the change). One
+    request to set it by name (the kernel finds it: no lookup first), and for up one address
+    dump of LOOPBACK_IFINDEX: the kernel gives every namespace's lo that index."""
+    from pyroute2 import NetlinkError
+
     with netns.entered(target), netns.iproute() as ipr:
-        lo = get(ipr, "lo")
-        if lo is None:
-            raise OSError(errno.ENODEV, "netlink: no link 'lo'")
-        ipr.link("set", index=lo.index, state="up" if up else "down")
-        return dumps.addresses(ipr, lo.index) if up else []
+        try:
+            ipr.link("set", ifname="lo", state="up" if up else "down")
+        except NetlinkError as e:
+            if e.code == errno.ENODEV:
+                raise OSError(errno.ENODEV, "netlink: no link 'lo'") from None
+            raise
+        return dumps.addresses(ipr, LOOPBACK_IFINDEX) if up else []
 
 
 def loopback_is_up(target: int | str) -> bool:
