@@ -19,7 +19,7 @@ ATTEMPTS = 10
 
 
 class Pair(NamedTuple):
-    host: links.Link
+    host: links.Link  # name and index only (see _finish); look it up for anything else
     container: links.Link
 
 
@@ -55,7 +55,7 @@ def create(container_ns: int | str, ifname: str, mtu: int = 0, mac: str = "",
                         raise HostError(f"failed to connect {name!r} to bridge: bridge "
                                         f"index {master} not found") from None
                     raise HostError(f"failed to make veth pair: {e}") from None
-                return _finish(ipr, name, container_ns, ifname)
+                return _finish(name, container_ns, ifname, master)
     finally:
         os.close(fd)
     raise HostError("failed to find a unique veth name")
@@ -78,10 +78,11 @@ def _add(ipr, name: str, peer: str, peer_ns_fd: int, mtu: int, peer_mac: str,
     ipr.link("add", ifname=name, txqlen=0, kind="veth", peer=peer_spec, state="up", **extra)
 
 
-def _finish(ipr, name: str, container_ns: int | str, ifname: str) -> Pair:
-    host = links.get(ipr, name)  # up already (created so)
-    if host is None:
-        raise HostError(f"failed to lookup {name!r} after creating it")
+def _finish(name: str, container_ns: int | str, ifname: str, master: int) -> Pair:
+    """The pair as made: the container end looked up in its namespace (one request); the host
+    end is known from it without a request of its own: the container end's IFLA_LINK is its
+    peer's index, and the peer is the link `name` this request created (up, so created). The
+    host end's MAC and state are not read here: callers look it up when they need them."""
     try:
         sysctl.write(sysctl.conf(6, name, "accept_ra"), 0)  # we own this interface's routes
     except OSError:
@@ -90,6 +91,11 @@ def _finish(ipr, name: str, container_ns: int | str, ifname: str) -> Pair:
         container = links.get(cipr, ifname)
     if container is None:
         raise HostError(f"failed to lookup {ifname!r} in the container")
+    if not container.peer_index:
+        raise HostError(f"failed to lookup {name!r} after creating it")
+    host = links.Link(name=name, index=container.peer_index, mac="", mtu=container.mtu,
+                      kind="veth", master=master, up=True, promisc=False, operstate="",
+                      peer_index=container.index)
     return Pair(host=host, container=container)
 
 

@@ -272,7 +272,9 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
         host = bridge.wait_forwarding(pair.host.name)
     else:
         with netns.iproute() as ipr:
-            host = links.get(ipr, pair.host.name) or pair.host
+            host = links.get(ipr, pair.host.name)
+        if host is None:
+            raise HostError(f"failed to lookup {pair.host.name!r}")
     # The host end's MAC can change as the port comes up: report it now. The bridge's is
     # pinned (pin_mac), but one this ADD created may still be given another address by udev
     # (systemd's MACAddressPolicy=persistent rewrites a new device's MAC once it has handled
