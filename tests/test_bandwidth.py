@@ -401,6 +401,82 @@ def test_check_compares_kernel_state(plugins, host, pod) -> None:
     assert code == 1 and "not found" in res["msg"]
 
 
+def test_check_names_each_failure_though_it_reads_in_one_send(plugins, host, pod,
+                                                              netns_factory) -> None:
+    """CHECK reads the host end, its root tbf, the ifb and the redirect in one send
+    (dumps.together): a read the kernel refuses or answers with nothing is asked again alone,
+    so each failure is the one the single requests found, in the same order."""
+    w = wire(host, pod, 1)
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    out = add(plugins, w, cfg)
+    chk = cfg | {"prevResult": out}
+    name = ifb_name("bwnet", "ctr1")
+    host.run("tc", "filter", "del", "dev", w.veth, "parent", "ffff:")  # no redirect
+    code, res, _ = plugins.exec("bandwidth", "CHECK", chk, netns=pod.path)
+    assert code == 1 and res["msg"] == f"no ingress redirect from {w.veth} to ifb {name}", res
+    other = json.loads(json.dumps(out))
+    other["interfaces"][0]["name"] = "somethingelse"
+    code, res, _ = plugins.exec("bandwidth", "CHECK", cfg | {"prevResult": other},
+                                netns=pod.path)
+    assert code == 1 and f"veth peer {w.veth}" in res["msg"] and "somethingelse" in res["msg"]
+    code, res, _ = plugins.exec("bandwidth", "CHECK", chk, netns=pod.path, ifname="lo")
+    assert code == 1 and "lo has no veth peer" in res["msg"], res
+    away = netns_factory("pycni-away")
+    host.run("ip", "link", "set", w.veth, "netns", away.name)  # the peer index: no host link
+    code, res, _ = plugins.exec("bandwidth", "CHECK", chk, netns=pod.path)
+    assert code == 1 and "is not in the host namespace" in res["msg"], res
+
+
+COUNTED = """
+import json, os, sys
+from cni import skel
+from cni.host import netns
+from cni.host.nsfd import setns
+
+host, pod, stdin = sys.argv[1], sys.argv[2], sys.argv[3].encode()
+setns(os.open(host, os.O_RDONLY))
+sends = []
+made = netns.new_socket
+
+def counted():  # each IPRoute a request makes: count what it sends
+    ipr = made()
+    send = ipr.asyncore.send
+    ipr.asyncore.send = lambda *a, **k: (sends.append(1), send(*a, **k))[1]
+    return ipr
+
+netns.new_socket = counted
+env = {"CNI_CONTAINERID": "ctr1", "CNI_NETNS": pod, "CNI_IFNAME": "eth0",
+       "CNI_PATH": "/nonexistent"}
+out = {}
+for verb in ("ADD", "CHECK", "DEL"):
+    sends.clear()
+    reply = skel.run("bandwidth", env | {"CNI_COMMAND": verb}, stdin)
+    assert reply.code == 0, reply
+    out[verb] = len(sends)
+print(json.dumps(out))
+"""
+
+
+def test_check_and_del_cost_few_round_trips(host, pod) -> None:
+    """What a CHECK and a DEL send (in-process, as a daemon's child): the container's veth
+    (its namespace's socket), then one send for the host end and all that is read about it,
+    and for CHECK the ifb's tbf (its index comes with that send); DEL's two qdisc deletes.
+    The ifb's delete is linkgone's, on a socket of its own."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    w = wire(host, pod, 1)
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    stdin = json.dumps(cfg | {"prevResult": w.prev_result()})
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", COUNTED, host.path, pod.path, stdin], cwd=root,
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == {"ADD": 9, "CHECK": 3, "DEL": 4}
+    assert_untouched(host, w)
+
+
 def test_check_without_bandwidth_config_succeeds(plugins, host, pod) -> None:
     """Reference #1221: CHECK crashed with no bandwidth config."""
     w = wire(host, pod, 1)

@@ -8,6 +8,10 @@ strict_check=True), and the kernel answers for that link only. A qdisc dump has 
 filter (the kernel walks every link whatever the header says), so a qdisc is asked for by its
 link and parent instead: an RTM_GETQDISC the kernel answers only with NLM_F_ECHO.
 pyroute2 builds, sends and parses every message.
+
+together() sends several such reads in one send (pyroute2's nlm_request_batch): the kernel
+answers each in turn, and a verb that reads three things about a link waits on one round trip,
+not three.
 """
 
 from __future__ import annotations
@@ -61,25 +65,77 @@ def address_entries(ipr: IPRoute, index: int, family: int) -> list[tuple[str, in
     return found
 
 
+def together(ipr: IPRoute, requests: list[Any]) -> list[list[Any]]:
+    """Several read requests (built complete, header type and flags set: links.get_request,
+    qdisc_request, filters_request) in one send; -> each request's replies, in the order asked,
+    without ACKs and DONEs. A request the kernel refused (a link that is not there: ENODEV,
+    ...) has no replies, as one that found nothing: pyroute2 drops the error (noraise) after
+    cleaning up after the request. So a caller that finds no reply asks that one again alone,
+    and gets what the single request gives (None, or the error raised): the batch never
+    changes a decision, it only saves the round trips of the usual case. At most one dump per
+    batch (the kernel runs one dump at a time on a socket), last."""
+    from pyroute2.netlink import NLMSG_DONE, NLMSG_ERROR
+
+    replies = ipr.nlm_request_batch(requests, noraise=True)
+    # NetlinkRequest numbered each request's header in place; replies carry that number.
+    found: dict[int, list[Any]] = {r["header"]["sequence_number"]: [] for r in requests}
+    for msg in replies:
+        header = msg["header"]
+        mine = found.get(header["sequence_number"])
+        if mine is not None and header["type"] not in (NLMSG_ERROR, NLMSG_DONE):
+            mine.append(msg)
+    return [found[r["header"]["sequence_number"]] for r in requests]
+
+
+def qdisc_request(index: int, parent: int, msg_class: type | None = None) -> Any:
+    """The RTM_GETQDISC qdisc() sends, for together()."""
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_ECHO, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_GETQDISC
+    from pyroute2.netlink.rtnl.tcmsg import tcmsg
+
+    msg = (msg_class or tcmsg)()
+    msg["index"] = index
+    msg["parent"] = parent
+    msg["header"]["type"] = RTM_GETQDISC
+    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_ECHO
+    return msg
+
+
+def qdisc_in(replies: list[Any], index: int) -> Any:
+    """The link's qdisc among a qdisc request's replies, or None."""
+    from pyroute2.netlink.rtnl import RTM_NEWQDISC
+
+    return next((m for m in replies if m["header"]["type"] == RTM_NEWQDISC
+                 and m["index"] == index), None)
+
+
+def filters_request(index: int, parent: int) -> Any:
+    """The RTM_GETTFILTER dump pyroute2's get_filters(index=, parent=) sends, for together()."""
+    from pyroute2.netlink import NLM_F_DUMP, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_GETTFILTER
+    from pyroute2.netlink.rtnl.tcmsg import tcmsg
+
+    msg = tcmsg()
+    msg["family"] = socket.AF_UNSPEC
+    msg["index"] = index
+    msg["parent"] = parent
+    msg["header"]["type"] = RTM_GETTFILTER
+    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_DUMP
+    return msg
+
+
 def qdisc(ipr: IPRoute, index: int, parent: int, msg_class: type | None = None) -> Any:
     """The link's qdisc at `parent` (TC_H_ROOT, TC_H_INGRESS), or None: one request, whatever
     the number of links. The kernel answers a get with the qdisc only when asked to echo it,
     with a bare ACK when there is none (the builtin noop), ENOENT when the link never had an
     ingress queue; a link that is gone is None too, as a dump would have found nothing."""
     from pyroute2 import NetlinkError
-    from pyroute2.netlink import NLM_F_ACK, NLM_F_ECHO, NLM_F_REQUEST
-    from pyroute2.netlink.rtnl import RTM_GETQDISC, RTM_NEWQDISC
-    from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
-    msg = (msg_class or tcmsg)()
-    msg["index"] = index
-    msg["parent"] = parent
+    msg = qdisc_request(index, parent, msg_class)
     try:
-        replies = ipr.nlm_request(msg, RTM_GETQDISC,
-                                  msg_flags=NLM_F_REQUEST | NLM_F_ACK | NLM_F_ECHO)
+        replies = ipr.nlm_request(msg, msg["header"]["type"], msg_flags=msg["header"]["flags"])
     except NetlinkError as e:
         if e.code in (errno.ENOENT, errno.ENODEV, errno.EINVAL):
             return None
         raise
-    return next((m for m in replies if m["header"]["type"] == RTM_NEWQDISC
-                 and m["index"] == index), None)
+    return qdisc_in(replies, index)

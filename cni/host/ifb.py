@@ -46,8 +46,9 @@ def create(ipr: IPRoute, name: str, mtu: int, network: str, container_id: str) -
     return Ifb(name, index, link.mac, network, container_id)
 
 
-def lookup(ipr: IPRoute, name: str) -> int | None:
-    link = links.get(ipr, name)
+def lookup(ipr: IPRoute, name: str, replies: list | None = None) -> int | None:
+    """The ifb's index, or None; `replies`: a links.get_request(ifname=name)'s (links.get)."""
+    link = links.get(ipr, name, replies=replies)
     return link.index if link is not None else None
 
 

@@ -126,12 +126,32 @@ def _one(ipr: IPRoute, port_state: bool = False, **query: Any) -> Link | None:
     return from_message(replies[0], port_state) if replies else None
 
 
-def get(ipr: IPRoute, name: str, port_state: bool = False) -> Link | None:
+def get_request(index: int = 0, ifname: str | None = None) -> Any:
+    """The RTM_GETLINK that link('get', index=...) or link('get', ifname=...) sends, for
+    dumps.together: its replies go to get or by_index as `replies`."""
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_GETLINK
+    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+
+    msg = ifinfmsg()
+    msg["index"] = index
+    if ifname is not None:
+        msg["attrs"] = [["IFLA_IFNAME", ifname]]
+    msg["header"]["type"] = RTM_GETLINK
+    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
+    return msg
+
+
+def get(ipr: IPRoute, name: str, port_state: bool = False,
+        replies: list[Any] | None = None) -> Link | None:
     """The link called `name` in ipr's namespace (a netns.iproute() socket), or None: one
-    RTM_GETLINK by name, never a dump. `port_state`: see from_message."""
+    RTM_GETLINK by name, never a dump. `port_state`: see from_message. `replies`: those of a
+    get_request(ifname=name) from dumps.together (none: asked again alone, which finds none or
+    raises the error the batch dropped)."""
     if not name or len(name) > IFNAMSIZ - 1:
         return None  # no link can have this name (a name dump would match nothing)
-    link = _one(ipr, port_state, ifname=name)
+    link = from_message(replies[0], port_state) if replies else _one(ipr, port_state,
+                                                                      ifname=name)
     # The kernel also resolves alternative names; callers asked for IFLA_IFNAME.
     return link if link is not None and link.name == name else None
 
@@ -143,8 +163,9 @@ def names() -> set[str]:
     return {name for _, name in socket.if_nameindex()}
 
 
-def by_index(ipr: IPRoute, index: int) -> Link | None:
-    return _one(ipr, index=index)
+def by_index(ipr: IPRoute, index: int, replies: list[Any] | None = None) -> Link | None:
+    """The link of that index, or None; `replies`: a get_request(index)'s, as get's."""
+    return from_message(replies[0]) if replies else _one(ipr, index=index)
 
 
 def set_up(ipr: IPRoute, index: int) -> None:

@@ -38,7 +38,11 @@ def container_veth(target: int | str, ifname: str) -> links.Link:
 def host_end(container: links.Link) -> links.Link | None:
     """The container veth's peer in the current namespace, if it is there and points back."""
     with netns.iproute() as ipr:
-        link = links.by_index(ipr, container.peer_index)
+        return points_back(container, links.by_index(ipr, container.peer_index))
+
+
+def points_back(container: links.Link, link: links.Link | None) -> links.Link | None:
+    """`link` (the host's link of the container veth's peer index) if it is that veth's peer."""
     if link is None or link.kind != "veth" or link.peer_index != container.index:
         return None
     return link
@@ -47,7 +51,12 @@ def host_end(container: links.Link) -> links.Link | None:
 def host_veth(target: int | str, ifname: str) -> HostVeth:
     """The host-side peer of `ifname` in the container namespace `target`."""
     container = container_veth(target, ifname)
-    link = host_end(container)
+    return host_veth_of(container, host_end(container), ifname)
+
+
+def host_veth_of(container: links.Link, link: links.Link | None, ifname: str) -> HostVeth:
+    """What host_veth returns for the container veth and its host end (host_end, or
+    points_back of a link read otherwise); PeerError if there is none."""
     if link is None:
         raise PeerError(f"veth peer with index {container.peer_index} of container interface "
                         f"{ifname} is not in the host namespace")

@@ -150,12 +150,31 @@ def tbf_message() -> type:
     return _TBF_MSG
 
 
-def _qdisc(ipr: IPRoute, index: int, parent: int) -> Any:
-    """The link's qdisc at `parent`, tbf options read with tbf_message(); None if none."""
+def _qdisc(ipr: IPRoute, index: int, parent: int, replies: list[Any] | None = None) -> Any:
+    """The link's qdisc at `parent`, tbf options read with tbf_message(); None if none. With
+    `replies` (a root_request's, from dumps.together), the qdisc among them, else asked alone."""
+    from pyroute2.netlink.rtnl import RTM_NEWQDISC
+
+    msg = dumps.qdisc_in(replies, index) if replies else None
+    if msg is not None:
+        return msg
+    ipr.register_policy(RTM_NEWQDISC, tbf_message())
+    return dumps.qdisc(ipr, index, parent, tbf_message())
+
+
+def root_request(ipr: IPRoute, index: int) -> Any:
+    """The read of the link's root qdisc, for dumps.together: its replies go to read_tbf or
+    root_kind as `replies` (the socket reads tbf options as they do)."""
     from pyroute2.netlink.rtnl import RTM_NEWQDISC
 
     ipr.register_policy(RTM_NEWQDISC, tbf_message())
-    return dumps.qdisc(ipr, index, parent, tbf_message())
+    return dumps.qdisc_request(index, TC_H_ROOT, tbf_message())
+
+
+def filters_request(index: int) -> Any:
+    """The dump of the link's ingress filters, for dumps.together: its replies go to
+    redirect_targets or ingress_is_for as `replies`."""
+    return dumps.filters_request(index, INGRESS_HANDLE)
 
 
 def add_tbf(ipr: IPRoute, index: int, tbf: Tbf) -> None:
@@ -180,10 +199,10 @@ def add_tbf(ipr: IPRoute, index: int, tbf: Tbf) -> None:
     ipr.nlm_request_batch([msg])
 
 
-def read_tbf(ipr: IPRoute, index: int) -> Tbf | None:
+def read_tbf(ipr: IPRoute, index: int, replies: list[Any] | None = None) -> Tbf | None:
     """The root tbf of the link as the kernel reports it, or None if the root is not tbf; a
-    rate64 attribute overrides the u32 rate."""
-    msg = _qdisc(ipr, index, TC_H_ROOT)
+    rate64 attribute overrides the u32 rate. `replies`: a root_request's (see _qdisc)."""
+    msg = _qdisc(ipr, index, TC_H_ROOT, replies)
     options = msg.get_attr("TCA_OPTIONS") if msg is not None else None
     if options is None or msg.get_attr("TCA_KIND") != "tbf":
         return None
@@ -194,8 +213,8 @@ def read_tbf(ipr: IPRoute, index: int) -> Tbf | None:
     return Tbf(rate=rate, limit=parms["limit"], buffer=parms["buffer"])
 
 
-def root_kind(ipr: IPRoute, index: int) -> str | None:
-    msg = _qdisc(ipr, index, TC_H_ROOT)
+def root_kind(ipr: IPRoute, index: int, replies: list[Any] | None = None) -> str | None:
+    msg = _qdisc(ipr, index, TC_H_ROOT, replies)
     return msg.get_attr("TCA_KIND") if msg is not None else None
 
 
@@ -218,11 +237,13 @@ def add_redirect(ipr: IPRoute, index: int, target: int) -> None:
                    "ifindex": target})
 
 
-def _filter_redirects(ipr: IPRoute, index: int) -> list[list[int]]:
+def _filter_redirects(ipr: IPRoute, index: int,
+                      replies: list[Any] | None = None) -> list[list[int]]:
     """The link's ingress filters (one per message the kernel dumps), each as the ifindexes its
-    mirred actions send to."""
+    mirred actions send to. `replies`: a filters_request's, from dumps.together (none: the
+    dump is asked again alone, which finds none or raises the error the batch dropped)."""
     found = []
-    for msg in ipr.get_filters(index=index, parent=INGRESS_HANDLE):
+    for msg in replies or ipr.get_filters(index=index, parent=INGRESS_HANDLE):
         targets: list[int] = []
         found.append(targets)
         options = msg.get_attr("TCA_OPTIONS")
@@ -242,15 +263,18 @@ def _mirred_targets(act: Any, targets: list[int]) -> None:
         targets.append(parms["ifindex"])
 
 
-def redirect_targets(ipr: IPRoute, index: int) -> list[int]:
-    """Ifindexes the link's ingress filters redirect to (mirred actions)."""
-    return [t for f in _filter_redirects(ipr, index) for t in f]
+def redirect_targets(ipr: IPRoute, index: int, replies: list[Any] | None = None) -> list[int]:
+    """Ifindexes the link's ingress filters redirect to (mirred actions). `replies`: see
+    _filter_redirects."""
+    return [t for f in _filter_redirects(ipr, index, replies) for t in f]
 
 
-def ingress_is_for(ipr: IPRoute, index: int, target: int) -> bool:
+def ingress_is_for(ipr: IPRoute, index: int, target: int,
+                   replies: list[Any] | None = None) -> bool:
     """Whether the link's ingress qdisc belongs to a redirect to `target`: it redirects there,
-    or it has no filter at all (an ADD killed between the qdisc and its redirect leaves that)."""
-    found = _filter_redirects(ipr, index)
+    or it has no filter at all (an ADD killed between the qdisc and its redirect leaves that).
+    `replies`: see _filter_redirects."""
+    found = _filter_redirects(ipr, index, replies)
     return any(target in f for f in found) if found else has_ingress(ipr, index)
 
 

@@ -80,8 +80,8 @@ def _encode_conntrack() -> None:
 
 def read_replies() -> None:
     """The replies the verbs parse, read once (read-only) in the caller's namespace: a link, a
-    route, the qdiscs and filters of lo."""
-    from cni.host import links, netns, routes, tc
+    route, the qdiscs and filters of lo, alone and in one send (dumps.together)."""
+    from cni.host import dumps, links, netns, routes, tc
 
     with netns.iproute() as ipr:
         lo = links.get(ipr, "lo")
@@ -90,3 +90,5 @@ def read_replies() -> None:
         routes.oif_toward(ipr, "127.0.0.1")
         tc.read_tbf(ipr, lo.index)
         tc.redirect_targets(ipr, lo.index)
+        dumps.together(ipr, [links.get_request(index=lo.index), tc.root_request(ipr, lo.index),
+                             tc.filters_request(lo.index)])

@@ -231,16 +231,48 @@ def _host_veth(req: Request, prev: Result):
     """The host end of CNI_IFNAME's veth, which prevResult must list without a sandbox."""
     from cni.host import peer
 
-    interfaces = prev.get("interfaces") or []
-    if not interfaces:
+    _require_interfaces(prev)
+    veth = peer.host_veth(req.netns_target, req.ifname)  # PeerError: 999, as the reference
+    _require_listed(req, prev, veth)
+    return veth
+
+
+# More reads about the host end, by its ifindex (links.get_request, tc.root_request, ...).
+Reads = Callable[[Any, int], list[Any]]
+
+
+def _host_veth_reading(req: Request, prev: Result, also: Reads):
+    """_host_veth, with `also(ipr, index)`'s reads (of the host link at the container veth's
+    peer index) in one send with the host end's lookup (dumps.together); -> the veth and
+    their replies, which are the veth's (its index is that one)."""
+    _require_interfaces(prev)
+    veth, replies = _peer_reading(req, also)
+    _require_listed(req, prev, veth)
+    return veth, replies
+
+
+def _peer_reading(req: Request, also: Reads):
+    from cni.host import dumps, links, peer
+
+    container = peer.container_veth(req.netns_target, req.ifname)
+    index = container.peer_index
+    with netns.iproute() as ipr:
+        replies = dumps.together(ipr, [links.get_request(index=index), *also(ipr, index)])
+        link = peer.points_back(container, links.by_index(ipr, index, replies[0]))
+    return peer.host_veth_of(container, link, req.ifname), replies[1:]
+
+
+def _require_interfaces(prev: Result) -> None:
+    if not prev.get("interfaces"):
         raise CNIError(Code.INVALID_CONFIG, "prevResult has no interfaces: bandwidth needs the "
                        "host veth of the container interface")
-    veth = peer.host_veth(req.netns_target, req.ifname)  # PeerError: 999, as the reference
-    host_side = [i.get("name") for i in interfaces if not i.get("sandbox")]
+
+
+def _require_listed(req: Request, prev: Result, veth) -> None:
+    host_side = [i.get("name") for i in prev.get("interfaces") or [] if not i.get("sandbox")]
     if veth.name not in host_side:
         raise CNIError(Code.INTERNAL, f"veth peer {veth.name} of container interface "
                        f"{req.ifname} is not among prevResult's host interfaces {host_side}")
-    return veth
 
 
 # ---- verbs -----------------------------------------------------------------------------------
@@ -307,19 +339,31 @@ def delete(req: Request) -> None:
     """Remove the ifb (missing is fine), the ingress qdisc that redirects to it, and the tbf
     the ADD recorded (cni.plugins.shaped) if its host veth is still there: no config value is
     read, so a config DEL cannot parse removes them too."""
-    from cni.host import ifb, tc
+    from cni.host import ifb, links, tc
 
     name = ifb_name(req.network, req.container_id)
     record = shaped.recall(req.network, req.container_id, req.ifname)
-    veth = _host_veth_if_any(req)
+    here = record is not None and record.here()
+
+    def reads(ipr, index: int) -> list[Any]:  # with the host end's lookup, in one send
+        root = [tc.root_request(ipr, record.index)] if here else []
+        return [links.get_request(ifname=name), *root, tc.filters_request(index)]
+
+    veth, replies = _host_veth_if_any(req, reads)
     with netns.iproute() as ipr:
-        index = ifb.lookup(ipr, name)
-        recorded = recorded_veth(ipr, record)
+        index = ifb.lookup(ipr, name, replies[0] if replies else None)
+        if veth is not None and here and veth.index == record.index:
+            # recorded_veth's link is the host end, just read: compare the name only
+            recorded = record.index if veth.name == record.veth else None
+        else:
+            recorded = recorded_veth(ipr, record)
         host = veth.index if veth is not None else recorded
         # Our ifb exists, so the ingress qdisc is ours if it redirects to it or is still bare.
-        if host is not None and index is not None and tc.ingress_is_for(ipr, host, index):
+        if host is not None and index is not None and \
+                tc.ingress_is_for(ipr, host, index, replies[-1] if replies else None):
             tc.delete_ingress(ipr, host)
-        if recorded is not None and tc.root_kind(ipr, recorded) == "tbf":
+        root = replies[1] if replies and here else None  # the root qdisc of record.index
+        if recorded is not None and tc.root_kind(ipr, recorded, root) == "tbf":
             tc.delete_root(ipr, recorded)
         if index is not None:
             ifb.delete(ipr, name, index)  # looked up above: no second lookup
@@ -336,40 +380,48 @@ def recorded_veth(ipr, record: shaped.Shaped | None) -> int | None:
     return record.index if link is not None and link.name == record.veth else None
 
 
-def _host_veth_if_any(req: Request):
-    """The host veth for DEL: best effort, DEL works without netns or prevResult."""
-    from cni.host import peer
-
+def _host_veth_if_any(req: Request, also: Reads):
+    """The host veth for DEL and `also`'s replies (_peer_reading); (None, []) if there is none:
+    best effort, DEL works without netns or prevResult."""
     if not req.netns and req.netns_fd is None:
-        return None
+        return None, []
     try:
-        return peer.host_veth(req.netns_target, req.ifname)
+        return _peer_reading(req, also)
     except (HostError, OSError):  # no netns, no link, no peer: nothing of ours to find
-        return None
+        return None, []
 
 
 @netns.one_socket_per_namespace  # the peer lookup and the tc work share one host socket
 def check(req: Request) -> None:
     """Compare the kernel's tbf rate, limit and buffer with the config, on both sides."""
-    from cni.host import ifb, tc
+    from cni.host import ifb, links, tc
 
     lim = limits(req)
     if lim is None or (lim.ingress is None and lim.egress is None):
         return  # nothing to shape, nothing to check (reference #1221 crashed here)
-    veth = _host_veth(req, _require_prev(req))
+    ingress, egress = lim
+    name = ifb_name(req.network, req.container_id)
+
+    def reads(ipr, index: int) -> list[Any]:  # with the host end's lookup, in one send
+        root = [tc.root_request(ipr, index)] if ingress is not None else []
+        tail = [links.get_request(ifname=name), tc.filters_request(index)] \
+            if egress is not None else []
+        return root + tail  # the dump last
+
+    veth, replies = _host_veth_reading(req, _require_prev(req), reads)
     with netns.iproute() as ipr:
-        if lim.ingress is not None:
-            _compare(veth.name, tc.read_tbf(ipr, veth.index),
-                     _tbf(lim.ingress, veth.mtu, req.log))
-        if lim.egress is not None:
-            name = ifb_name(req.network, req.container_id)
-            index = ifb.lookup(ipr, name)
+        if ingress is not None:
+            _compare(veth.name, tc.read_tbf(ipr, veth.index, replies.pop(0)),
+                     _tbf(ingress, veth.mtu, req.log))
+        if egress is not None:
+            ifb_replies, filter_replies = replies
+            index = ifb.lookup(ipr, name, ifb_replies)
             if index is None:
                 raise CNIError(Code.INTERNAL, f"ifb {name} for egress shaping not found")
-            if index not in tc.redirect_targets(ipr, veth.index):
+            if index not in tc.redirect_targets(ipr, veth.index, filter_replies):
                 raise CNIError(Code.INTERNAL,
                                f"no ingress redirect from {veth.name} to ifb {name}")
-            _compare(name, tc.read_tbf(ipr, index), _tbf(lim.egress, veth.mtu, req.log))
+            _compare(name, tc.read_tbf(ipr, index), _tbf(egress, veth.mtu, req.log))
 
 
 def _compare(dev: str, found, want) -> None:
