@@ -7,8 +7,10 @@ these tests do not depend on the bridge plugin.
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
+from cnitest import ROOT, VENV_PY
 from portmap_util import (
     BR,
     FAR,
@@ -316,6 +318,8 @@ def test_gc_removes_rules_of_attachments_not_valid(plugins, node, host) -> None:
     plugins.ok("portmap", "ADD", second_network(node, pod_b), container_id="ctr-b",
                netns=pod_b.path, ifname="net1")
     # A rule the reference wrote: no record, so no network; GC can't tell whose it is.
+    for line in REFERENCE_ENTRY:
+        host.run("nft", line)
     host.run("nft", 'add rule ip cni_hostport hostports tcp dport 7777 dnat to 10.88.0.50:80 '
              'comment "ctr-ref"')
     gc = {"cniVersion": "1.1.0", "name": "pmnet", "type": "portmap",
@@ -358,7 +362,15 @@ def test_a_record_left_by_the_references_del_goes_at_the_next_gc(plugins, node, 
     assert rules_with(host, "ctr-b")
 
 
+# Every ADD, the reference's (knftables) and every pycni release's, writes its entry rules anew
+# in the same transaction as its container rules (hostport.ALL_RECORDED relies on it).
+REFERENCE_ENTRY = [f"{verb} ip{six} cni_hostport {chain}{rule}"
+                   for six in ("", "6") for chain in ("prerouting", "output")
+                   for verb, rule in (("flush chain", ""),
+                                      ("add rule", " fib daddr type local jump hostports_all"))]
+
 REFERENCE_V19 = [  # what the reference's forwardPorts (knftables) writes for ctr-a / pod a
+    *REFERENCE_ENTRY,
     'add rule ip cni_hostport hostports tcp dport 8080 dnat to 10.88.0.2:80 comment "ctr-a"',
     "add rule ip cni_hostport masquerading ip saddr 10.88.0.2 ip daddr 10.88.0.2 masquerade "
     'comment "ctr-a"',
@@ -382,7 +394,44 @@ def test_rules_the_reference_wrote_pass_our_check_and_go_with_our_del(plugins, n
     assert rules_with(host, "ctr-a") == [] and rules_with(host, "ctr-b")
 
 
+REF19 = ROOT.parent / "shared" / "reference" / "bin"
+
+
+def test_del_without_mappings_removes_what_the_reference_add_made(plugins, node, host) -> None:
+    """The reference v1.9.1's own ADD (after a swap), on a table our ADD vouched for: our DEL,
+    given no portMappings, still finds its rules (by their comment; it has no record)."""
+    assert (REF19 / "portmap").exists(), "shared/reference/bin must be beside the checkout"
+    pod_a, pod_b = pods(node)
+    add(plugins, node, pod_b, [mapping("tcp", host_port=8081)], cid="ctr-b")
+    conf = portmap_conf(node.prev_result(pod_a), [mapping("tcp")], backend="nftables")
+    plugins.ok("portmap", "ADD", conf, container_id="ctr-a", netns=pod_a.path, bin_dir=REF19)
+    assert len(rules_with(host, "ctr-a")) == 5  # v4: dnat, 2 masquerade; v6: dnat, masquerade
+    delete(plugins, node, pod_a, cid="ctr-a")
+    assert rules_with(host, "ctr-a") == [] and len(rules_with(host, "ctr-b")) == 5
+
+
+def test_del_of_an_attachment_without_a_record_lists_no_table(plugins, node, host) -> None:
+    """A pod whose ADD had no mappings: its DEL reads the small chains that say nothing of it
+    is there, not the table, which grows with every pod on the node (hostport.ALL_RECORDED)."""
+    pod_a, pod_b = pods(node)
+    add(plugins, node, pod_b, [mapping("tcp", host_port=8081)], cid="ctr-b")
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "ctr-a", "CNI_NETNS": pod_a.path,
+           "CNI_IFNAME": "eth0", "CNI_PATH": "/nonexistent"}
+    script = ("import json\nfrom cni import skel\nfrom cni.host import nft\n"
+              "seen, list_json = [], nft.list_json\n"
+              "nft.list_json = lambda what: seen.append(what) or list_json(what)\n"
+              f"reply = skel.run('portmap', {env!r}, {json.dumps(portmap_conf(None, None))!r}"
+              ".encode())\nprint(json.dumps([reply.code, reply.stdout.decode(), seen]))\n")
+    proc = subprocess.run(["ip", "netns", "exec", host.name, str(VENV_PY), "-c", script],
+                          cwd=ROOT, capture_output=True, check=True)
+    code, out, seen = json.loads(proc.stdout)
+    assert code == 0, out
+    assert seen and not [what for what in seen if what.startswith("table ")], seen
+    assert len(rules_with(host, "ctr-b")) == 5
+
+
 LEGACY = [  # what pycni wrote before the v1.9 layout: comment "<cid> <network> <ifname>"
+    *REFERENCE_ENTRY,
     "add rule ip cni_hostport hostports tcp dport 8080 dnat to 10.88.0.2:80 "
     'comment "ctr-a pmnet eth0"',
     "add rule ip cni_hostport masquerading ip saddr 10.88.0.2 ip daddr 10.88.0.2 masquerade "

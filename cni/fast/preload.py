@@ -131,12 +131,17 @@ def warm_up(netlink: bool = True) -> None:
 
 def keep_home_sockets() -> None:
     """A spare's sockets for its own namespace, kept from request to request: an IPRoute
-    (netns.keep_home_socket) and an NFTSocket per family its CHECKs ask
-    (nftrecord.keep_home_sockets). Made before the spare records its fds."""
-    from cni.host import netns, nftrecord
+    (netns.keep_home_socket), an NFTSocket per family its CHECKs ask
+    (nftrecord.keep_home_sockets) and a libnftables context (nft.keep_home_context). Made
+    before the spare records its fds."""
+    from cni.host import netns, nft, nftrecord
 
     netns.keep_home_socket()
     nftrecord.keep_home_sockets()
+    try:
+        nft.keep_home_context()
+    except nft.NftUnavailable:
+        pass  # no libnftables: every verb that needs it says so
 
 
 def private_netns() -> int | None:

@@ -112,6 +112,7 @@ class Listing(NamedTuple):
     family: int
     chains: set[str]
     rules: list[dict[str, Any]]
+    exists: bool = True  # False: there was no table
 
     def records(self) -> dict[str, tuple[str | None, str | None]]:
         """Record chain -> (owner comment, container IP); (None, None) for an empty one."""
@@ -238,6 +239,58 @@ def has_legacy(listing: Listing, dropped: list[dict[str, Any]]) -> bool:
                and (r.get("chain"), r.get("handle")) not in gone for r in listing.rules)
 
 
+# --- "every container rule here has its record": a DEL that has no record reads no table -----
+#
+# An attachment with no record chain (the common pod: its ADD had no portMappings and wrote
+# nothing) may still have rules by its container ID that no record names: the reference's ADD
+# writes those (an operator may swap binaries with live pods), and only a listing of the table,
+# which grows with every pod on the node, finds them. So an ADD's batch that knows every container
+# rule of a family's table (after the batch) is named by a record (comment and container IP), and
+# no rule of the pre-v1.9 layout is there, vouches for it: it makes the empty chain ALL_RECORDED
+# afresh right before its prerouting entry rule, whose handle is then the chain's + 1 (see
+# cni.host.nftrecord). Every ADD, the reference's (knftables: flush prerouting, add its rule) and
+# every pycni release's, flushes prerouting and adds its entry rule anew, and a handle is never
+# used twice in a table: while that rule is still in prerouting, no ADD has run since but one that
+# vouched again. DEL and GC (the reference's and ours) only remove rules, with or before their
+# records. The batch vouches only with a witness that what it judged is still so when it commits:
+# it deletes the entry rule it saw by handle, or creates the table it saw missing (either fails
+# the batch if another ADD came between; it is then rebuilt from a listing).
+
+ALL_RECORDED = "pycni-all-recorded"
+
+
+def vouched_entry(family: int) -> int | None:
+    """The handle of the prerouting entry rule an ADD vouched with, while it is still there
+    (then every container rule of the table has its record); else None."""
+    fam = NFT_FAMILY[family]
+    mark = nft.list_json(f"chain {fam} {TABLE} {ALL_RECORDED}")
+    base = next((o["chain"].get("handle") for o in mark if "chain" in o), None)
+    if not isinstance(base, int):
+        return None
+    entry = {r.get("handle") for r in nft.rules(fam, TABLE, "prerouting")}
+    return base + 1 if base + 1 in entry else None
+
+
+def all_recorded(listing: Listing, dropped: list[dict[str, Any]], dropped_chains: Iterable[str],
+                 added: tuple[str, str] | None = None) -> bool:
+    """Whether every container rule of a listed table is named by a record (its comment and
+    container IP) once `dropped` rules and `dropped_chains` go and a record of `added`
+    (comment, IP) is made. A rule of the pre-v1.9 layout never is (no record has its comment)."""
+    gone = {(r.get("chain"), r.get("handle")) for r in dropped}
+    drop = set(dropped_chains)
+    named = {v for c, v in listing.records().items() if c not in drop and v[0] and v[1]}
+    if added:
+        named.add(added)
+    return all((r.get("comment"), container_ip(r)) in named for r in listing.rules
+               if r.get("chain") in OWNED_CHAINS and (r.get("chain"), r.get("handle")) not in gone)
+
+
+def entry_witness(listing: Listing) -> int | None:
+    """A prerouting rule of a listed table (a batch deletes it by handle as its witness)."""
+    return next((r["handle"] for r in listing.rules if r.get("chain") == "prerouting"
+                 and isinstance(r.get("handle"), int)), None)
+
+
 def rules_digest(rules: Iterable[Rule]) -> str:
     return sha256_hex("\n".join(sorted(f"{r.chain} {r.text()}" for r in rules)), 16)
 
@@ -312,10 +365,15 @@ def container_rules(ips: dict[int, str], mappings: Iterable[Mapping], snat: bool
     return out
 
 
-def _skeleton(family: int, conditions: str, snat: bool) -> str:
-    """Idempotent table and chain creation; base chains rewritten with the current conditions."""
+def _skeleton(family: int, conditions: str, snat: bool, vouch: int | None = None) -> str:
+    """Idempotent table and chain creation; base chains rewritten with the current conditions.
+    With `vouch` (see ALL_RECORDED), the batch's witness: 0 creates the table (it was missing),
+    else the entry rule of that handle is deleted (it was there); and ALL_RECORDED is made
+    right before the new entry rule."""
     t = f"{NFT_FAMILY[family]} {TABLE}"
-    lines = [f"add table {t} {{ comment {nft.quote(TABLE_COMMENT)} ; }}"]
+    fam = NFT_FAMILY[family]
+    verb = "create" if vouch == 0 else "add"
+    lines = [f"{verb} table {t} {{ comment {nft.quote(TABLE_COMMENT)} ; }}"]
     lines += [f"add chain {t} {c}" for c in (HOSTPORTS, HOSTIP_HOSTPORTS, HOSTPORTS_ALL)]
     lines += [f"flush chain {t} {HOSTPORTS_ALL}",
               f"add rule {t} {HOSTPORTS_ALL} jump {HOSTIP_HOSTPORTS}",
@@ -324,9 +382,13 @@ def _skeleton(family: int, conditions: str, snat: bool) -> str:
     for chain, hook in (("prerouting", "prerouting"), ("output", "output")):
         # Numeric priorities: nft accepts the name "dstnat" for prerouting only.
         lines += [f"add chain {t} {chain} {{ type nat hook {hook} priority -100 ; "
-                  f"policy accept ; }}",
-                  f"flush chain {t} {chain}",
-                  f"add rule {t} {chain} {entry}"]
+                  f"policy accept ; }}"]
+        if chain == "prerouting" and vouch:
+            lines.append(f"delete rule {t} {chain} handle {int(vouch)}")
+        lines.append(f"flush chain {t} {chain}")
+        if chain == "prerouting" and vouch is not None:
+            lines.append(nftrecord.fresh_chain_script(fam, TABLE, ALL_RECORDED).rstrip("\n"))
+        lines.append(f"add rule {t} {chain} {entry}")
     if snat:
         lines.append(f"add chain {t} {MASQUERADING} {{ type nat hook postrouting "
                      f"priority 100 ; policy accept ; }}")
@@ -335,12 +397,15 @@ def _skeleton(family: int, conditions: str, snat: bool) -> str:
 
 def add_script(rules: list[Rule], comment: str, conditions: dict[int, str], snat: bool,
                replace: list[dict[str, Any]], records: dict[int, tuple[str, str]],
-               drop_records: dict[int, list[str]], clean: set[int]) -> str:
-    """One batch: the skeleton of each family in use, drop `replace` (our older rules) and the
-    `drop_records` chains; then per family the record chain made afresh, the rules right after
-    it, the record's IP and meta (see above); NO_LEGACY in the `clean` families."""
+               drop_records: dict[int, list[str]], clean: set[int],
+               vouch: dict[int, int] | None = None) -> str:
+    """One batch: the skeleton of each family in use (vouching in the `vouch` ones, with their
+    witness: see _skeleton), drop `replace` (our older rules) and the `drop_records` chains;
+    then per family the record chain made afresh, the rules right after it, the record's IP
+    and meta (see above); NO_LEGACY in the `clean` families."""
     families = sorted({r.family for r in rules})
-    script = "".join(_skeleton(f, conditions.get(f, ""), snat) for f in families)
+    vouch = vouch or {}
+    script = "".join(_skeleton(f, conditions.get(f, ""), snat, vouch.get(f)) for f in families)
     script += nft.delete_rules_script(replace)
     script += "".join(drop_chains_script(f, chains) for f, chains in drop_records.items())
     quoted = nft.quote(comment)
@@ -365,7 +430,7 @@ def listed(family: int) -> Listing:
     fam = NFT_FAMILY[family]
     objs = nft.list_json(nft.ident_family(fam, TABLE, f"table {fam} {TABLE}"))
     return Listing(family, {o["chain"]["name"] for o in objs if "chain" in o},
-                   [o["rule"] for o in objs if "rule" in o])
+                   [o["rule"] for o in objs if "rule" in o], bool(objs))
 
 
 def _value(right: Any) -> str | None:

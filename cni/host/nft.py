@@ -18,6 +18,11 @@ from cni.host.errors import HostError
 # in the namespace it was made in, so a context reused after a setns would read and change the
 # first namespace's ruleset.
 _ctx: dict[tuple[int, int], Any] = {}
+# A daemon spare's context for its own namespace, kept from request to request (as nftrecord
+# keeps its NFTSockets): making one costs ~0.25 ms of CPU, most of a DEL that has nothing to
+# remove. libnftables checks its cache against the ruleset's generation on every command, so a
+# kept context reads what another process changed since (as firewalld's long-lived one does).
+_home: tuple[tuple[int, int], Any] | None = None
 _SAFE_COMMENT = re.compile(r"^[A-Za-z0-9 _.,:/@=+\-]*$")
 _IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
 # What nft's scanner reads as one unquoted identifier (1.0.6 takes no quoted chain names).
@@ -49,11 +54,22 @@ def _nft():
     return ctx
 
 
+def keep_home_context() -> None:
+    """Make the context of this process's namespace now, and keep it (drop_contexts leaves
+    it). Only for a daemon's spare, in its warm-up (before it records its fds)."""
+    global _home
+    if _home is None:
+        ctx = _nft()
+        _home = (netns.ns_key(), ctx)
+
+
 def drop_contexts() -> None:
-    """Free every context and its socket. For a process that serves again after a request: a
-    context pins the namespace it was made in, and the next request starts as a fresh process
-    would."""
+    """Free every context and its socket but the kept one (keep_home_context). For a process
+    that serves again after a request: a context pins the namespace it was made in, and the
+    next request starts as a fresh process would."""
     _ctx.clear()
+    if _home is not None:
+        _ctx[_home[0]] = _home[1]
 
 
 def run(script: str) -> None:
@@ -111,7 +127,9 @@ def chains(family: str, table: str) -> list[str]:
 
 
 def table_exists(family: str, table: str) -> bool:
-    return bool(list_json(ident_family(family, table, f"table {family} {table}")))
+    """Asked as `list sets` of the table: nft 1.0.6 fetches the table's sets only, where `list
+    table` or `list tables` fetch every chain and rule (a cost that grows with the table)."""
+    return bool(list_json(ident_family(family, table, f"sets table {family} {table}")))
 
 
 def delete_rules_script(found: list[dict[str, Any]]) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any
 
 from cni import skel
@@ -64,6 +64,7 @@ def add(req: Request) -> Result:
             all(hostport.without_legacy(f) for f in families)
 
         def script(attempt: int) -> str:
+            may_vouch = attempt < nftbatch.RETRIES - 1  # the last try has no witness to fail
             if fast and attempt == 0:
                 return hostport.add_script(
                     rules, comment, conditions, conf.snat,
@@ -71,17 +72,27 @@ def add(req: Request) -> Result:
                     records={f: (chain, ip) for f, ip in ips.items() if f in families},
                     drop_records={f: [chain] for f, rec in records.items()
                                   if f not in families and rec is not None},
-                    clean=families) + "".join(hostport.handles_script(f, rec.handles)
-                                              for f, rec in records.items() if rec is not None)
+                    clean=families,
+                    vouch=_vouched(families) if may_vouch else None,
+                ) + "".join(hostport.handles_script(f, rec.handles)
+                            for f, rec in records.items() if rec is not None)
             listings = {f: _listed(f) for f in hostport.NFT_FAMILY}
             replace = {f: _ours(req, lst) for f, lst in listings.items()}
+            vouch = {}
+            for f in families if may_vouch else ():
+                lst = listings[f]
+                witness = hostport.entry_witness(lst) if lst.exists else 0
+                if witness is not None and \
+                        hostport.all_recorded(lst, replace[f], [chain], (comment, ips[f])):
+                    vouch[f] = witness
             return hostport.add_script(
                 rules, comment, conditions, conf.snat,
                 replace=[r for found in replace.values() for r in found],
                 records={f: (chain, ip) for f, ip in ips.items() if f in families},
                 drop_records={f: [chain] for f, lst in listings.items()
                               if f not in families and chain in lst.chains},
-                clean={f for f in families if not hostport.has_legacy(listings[f], replace[f])})
+                clean={f for f in families if not hostport.has_legacy(listings[f], replace[f])},
+                vouch=vouch)
 
         _apply(script)
         if conf.snat and 4 in ips:
@@ -95,11 +106,19 @@ def add(req: Request) -> Result:
 def delete(req: Request) -> None:
     # No config value is read: the rules are found by their owner, so any config, even one ADD
     # refuses, is deletable (libcni stops a DEL chain at the first error).
+    # The attachment's rules are found by its record, else (no record: the common pod, whose
+    # ADD had no mappings) a table that vouches that every rule in it is another's, or that is
+    # not there, has none of them; only the other families' tables are listed.
     chain = record(req)
-    udp = _delete_by_record(chain)
+    present = _present()
+    records = _read_records(chain, present)
+    udp = _delete_by_record(chain, records)
     if udp is None:
+        unsure = present if any(records.values()) else \
+            {f for f in present if f not in _vouched({f}, absent_too=False)}
         found = _delete_found(lambda lst: (_ours(req, lst),
-                                           [chain] if chain in lst.chains else []))
+                                           [chain] if chain in lst.chains else []),
+                              families=unsure)
         udp = {family: hostport.udp_host_ports(rules) for family, rules in found.items()}
     _flush_udp(req, udp)
 
@@ -297,24 +316,48 @@ def _ours(req: Request, listing: hostport.Listing) -> list[dict[str, Any]]:
             + listing.owned(legacy))
 
 
-def _records(chain: str) -> dict[int, hostport.Record] | None:
-    """The attachment's records, when there is one that says where its rules are, and no
-    record that does not; else None (list the table instead)."""
+def _present() -> set[int]:
+    """The families whose table exists."""
     try:
-        found = {f: hostport.read_record(f, chain) for f in hostport.NFT_FAMILY}
+        return {f for f, fam in hostport.NFT_FAMILY.items()
+                if nft.table_exists(fam, hostport.TABLE)}
     except nft.NftUnavailable as e:
         raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
+
+
+def _read_records(chain: str, families: set[int]) -> dict[int, hostport.Record | None]:
+    """The attachment's record in each of `families` (None where it has none)."""
+    try:
+        return {f: hostport.read_record(f, chain) for f in sorted(families)}
+    except nft.NftUnavailable as e:
+        raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
+
+
+def _vouched(families: set[int], absent_too: bool = True) -> dict[int, int]:
+    """Per family of `families` whose every rule has its record now (see
+    hostport.ALL_RECORDED), the witness for ADD's batch: the vouched entry rule's handle, or
+    (`absent_too`) 0 where there is no table."""
+    out: dict[int, int] = {}
+    try:
+        for f in families:
+            entry = hostport.vouched_entry(f)
+            if entry is not None:
+                out[f] = entry
+            elif absent_too and not nft.table_exists(hostport.NFT_FAMILY[f], hostport.TABLE):
+                out[f] = 0
+    except nft.NftUnavailable as e:
+        raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
+    return out
+
+
+def _delete_by_record(chain: str,
+                      found: dict[int, hostport.Record | None]) -> dict[int, set[int]] | None:
+    """DEL by the record alone (`found`: the attachment's, by family): its rules by handle and
+    the record chain, one batch; the UDP hostPorts per family. None when that is not possible:
+    no record, one that does not say where its rules are (then the caller lists)."""
     records = {f: rec for f, rec in found.items() if rec is not None}
-    if not records or not all(rec.usable for rec in records.values()):
-        return None
-    return records
-
-
-def _delete_by_record(chain: str) -> dict[int, set[int]] | None:
-    """DEL by the record alone: its rules by handle and the record chain, one batch; the UDP
-    hostPorts per family. None when that is not possible (then the caller lists)."""
-    records = _records(chain)
-    if records is None or not all(hostport.without_legacy(f) for f in records):
+    if not records or not all(rec.usable for rec in records.values()) or \
+            not all(hostport.without_legacy(f) for f in records):
         return None
     script = "".join(hostport.handles_script(f, rec.handles)
                      + hostport.drop_chains_script(f, [chain]) for f, rec in records.items())
@@ -343,15 +386,17 @@ def _checked_by_record(family: int, chain: str, expected: list[hostport.Rule]) -
 
 
 def _delete_found(find: Callable[[hostport.Listing],
-                                 tuple[list[dict[str, Any]], list[str]]]
+                                 tuple[list[dict[str, Any]], list[str]]],
+                  families: Iterable[int] = hostport.NFT_FAMILY
                   ) -> dict[int, list[dict[str, Any]]]:
-    """Delete in one batch the rules and record chains `find` picks from each family's listing
-    (listed afresh on each try), and return the rules (for the UDP conntrack flush)."""
+    """Delete in one batch the rules and record chains `find` picks from the listing of each
+    of `families` (listed afresh on each try), and return the rules (for the UDP conntrack
+    flush)."""
     found: dict[int, list[dict[str, Any]]] = {}
 
     def script(_attempt: int) -> str:
         text = ""
-        for family in hostport.NFT_FAMILY:
+        for family in sorted(families):
             rules, chains = find(_listed(family))
             found[family] = rules
             text += nft.delete_rules_script(rules)
