@@ -319,17 +319,28 @@ def _identity(st: os.stat_result) -> FdId:
     return st.st_dev, st.st_ino, stat.S_IFMT(st.st_mode)
 
 
+# The signals signal_state reads the handler of, with their names (an enum lookup each costs
+# more than the rest of signal_state: looked up once)
+_SIGNALS = tuple((sig, signal.Signals(sig).name) for sig in signal.valid_signals()
+                 if sig not in (signal.SIGKILL, signal.SIGSTOP)
+                 and sig in signal.Signals._value2member_map_)
+
+
 def signal_state() -> dict[str, object]:
     """Python's handlers and the kernel's view (blocked, ignored, caught: what a C extension or
     ctypes sigaction changes too), read from our own /proc."""
-    state: dict[str, object] = {
-        signal.Signals(sig).name: signal.getsignal(sig) for sig in signal.valid_signals()
-        if sig not in (signal.SIGKILL, signal.SIGSTOP) and sig in signal.Signals._value2member_map_}
-    with open("/proc/thread-self/status") as f:
-        for line in f:
-            if line.startswith(("SigBlk", "SigIgn", "SigCgt")):
-                key, _, value = line.partition(":")
-                state[key] = value.strip()
+    state: dict[str, object] = {name: signal.getsignal(sig) for sig, name in _SIGNALS}
+    fd = os.open("/proc/thread-self/status", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 8192):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    for line in b"".join(chunks).decode().splitlines():
+        if line.startswith(("SigBlk", "SigIgn", "SigCgt")):
+            key, _, value = line.partition(":")
+            state[key] = value.strip()
     return state
 
 
