@@ -330,14 +330,7 @@ def signal_state() -> dict[str, object]:
     """Python's handlers and the kernel's view (blocked, ignored, caught: what a C extension or
     ctypes sigaction changes too), read from our own /proc."""
     state: dict[str, object] = {name: signal.getsignal(sig) for sig, name in _SIGNALS}
-    fd = os.open("/proc/thread-self/status", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 8192):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    for line in b"".join(chunks).decode().splitlines():
+    for line in _read_proc("/proc/thread-self/status").decode().splitlines():
         if line.startswith(("SigBlk", "SigIgn", "SigCgt")):
             key, _, value = line.partition(":")
             state[key] = value.strip()
@@ -372,8 +365,19 @@ def end_descendants() -> int:
 
 
 def _children() -> list[int]:
-    with open("/proc/thread-self/children") as f:
-        return [int(pid) for pid in f.read().split()]
+    return [int(pid) for pid in _read_proc("/proc/thread-self/children").split()]
+
+
+def _read_proc(path: str) -> bytes:
+    """A /proc file's bytes: open, read, close (open() adds six syscalls for a text stream)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 8192):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def drop_request_state() -> None:
