@@ -291,8 +291,8 @@ def back_home(home: Home) -> bool:
         return _not_back("not back in its own namespaces")
     if dict(os.environ) != home.environ:  # enter_caller starts from home.environ
         return _not_back("its environment differs from before the request")
-    imported = sorted(set(sys.modules) - home.modules)
-    if imported:
+    if not home.modules.issuperset(sys.modules):  # (no set built when nothing was imported)
+        imported = sorted(set(sys.modules) - home.modules)
         return _not_back(f"the request imported {', '.join(imported[:5])}")
     signals = signal_state()
     if signals != home.signals:
