@@ -87,7 +87,8 @@ def hand_over(ctl: socket.socket, conn: socket.socket, request: bytes, fds: list
 
 
 def take_job(ctl: socket.socket) -> Job | None:
-    data, anc, _, _ = ctl.recvmsg(1 << 16, socket.CMSG_SPACE(4 * (proto.MAX_FDS + 1)))
+    data, anc, _, _ = ctl.recvmsg(1 << 16, socket.CMSG_SPACE(4 * (proto.MAX_FDS + 1)),
+                                  socket.MSG_CMSG_CLOEXEC)
     fds = fds_from(anc)
     if not data or not fds:
         close_all(fds)
@@ -101,7 +102,9 @@ def take_job(ctl: socket.socket) -> Job | None:
             return None
         chunks.append(chunk)
         got += len(chunk)
-    conn = socket.socket(fileno=fds[0])
+    # (the listener is AF_UNIX, SOCK_STREAM: listener.py checks; said here, the socket is not
+    # asked three syscalls' worth of what it is)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=fds[0])
     return conn, b"".join(chunks)[_JOB_HEADER.size:], fds[1:]
 
 
@@ -153,7 +156,7 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None,
                     os._exit(EXIT_ANSWERED)
             conn, data, fds = job
             job = None
-            code = run_request(conn, *proto.decode_request(data), fds, timeout, runner)
+            code = run_request(conn, *proto.decode_request(data), fds, timeout, runner, home)
             if code != EXIT_ANSWERED or served == MAX_SERVED or not back_home(home):
                 break
     except BaseException:  # noqa: BLE001
@@ -173,17 +176,20 @@ def run_child(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes, 
 
 
 def run_request(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes, roles: int,
-                umask: int, fds: list[int], timeout: float, runner: Runner | None) -> int:
+                umask: int, fds: list[int], timeout: float, runner: Runner | None,
+                home: Home | None = None) -> int:
     """ACK, become the caller, run, reply; -> the exit code the parent reads it by:
-    EXIT_ANSWERED, EXIT_NOT_STARTED (nothing ran), else it failed and the parent answers."""
+    EXIT_ANSWERED, EXIT_NOT_STARTED (nothing ran), else it failed and the parent answers.
+    `home`: a spare's (it leads its own process group already, and is at home: back_home)."""
     code = EXIT_CRASHED
     try:
         gc.disable()  # collection only costs time here (a spare collects after the reply)
         set_name(f"pycni-{plugin}")
-        try:
-            os.setpgid(0, 0)
-        except OSError:
-            pass  # the parent did it first
+        if home is None:
+            try:
+                os.setpgid(0, 0)
+            except OSError:
+                pass  # the parent did it first
         signal.alarm(int(timeout) + ALARM_MARGIN)  # backstop should the parent be gone
         conn.setblocking(True)
         try:
@@ -195,7 +201,7 @@ def run_request(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes
         env = proto.decode_env(env_block)
         attachlock.vouch(env, lambda: peer_pid(conn))  # (a nested call) in the daemon's /proc
         try:
-            enter_caller(by_role, env, umask)
+            enter_caller(by_role, env, umask, home)
         except OSError as e:
             out = proto.error_reply(proto.INTERNAL, f"pycni daemon: cannot take the caller's "
                                     f"namespaces: {e}", stdin)
@@ -244,6 +250,8 @@ class Home(NamedTuple):
         drop_request_state()  # none between requests (warm-ups make none today)
         gc.collect()  # garbage in cycles (the parent's, or a warm-up's) can hold fds: freed
         # now, not by back_home's collect, where they would look closed by the request
+        gc.freeze()  # and what the warm-up keeps is out of back_home's collections, as the
+        # parent's imports are (~0.1 ms of CPU a request)
         flags = os.O_RDONLY | os.O_CLOEXEC
         net = os.open("/proc/thread-self/ns/net", flags)
         mnt = os.open("/proc/thread-self/ns/mnt", flags)
@@ -259,8 +267,13 @@ def back_home(home: Home) -> bool:
     """After a request's reply: free what it left for after the reply, go home and be the spare
     of before it again. False if that cannot be shown (the caller then exits). Runs at
     SCHED_IDLE where allowed: the caller's next plugin is starting on the same CPUs."""
-    signal.alarm(0)
     idle = _set_policy(os.SCHED_IDLE)
+    if idle:
+        # The caller, woken by the reply on this CPU, runs now: a task that turns SCHED_IDLE is
+        # not preempted until the next tick (its priority number does not change), and it held
+        # the CPU from the caller for ~0.3 ms of a 0.7 ms trip (bench/hop_trip.py, 2 CPUs).
+        os.sched_yield()
+    signal.alarm(0)
     drop_request_state()
     if not _threads_done():  # (setns into a mount namespace needs this thread alone)
         return _not_back("a thread of the request is still running")
@@ -276,8 +289,10 @@ def back_home(home: Home) -> bool:
     gc.collect()  # what the request left in reference cycles (collection is off in requests)
     if not (same_ns(home.mnt, "mnt") and same_ns(home.net, "net")):
         return _not_back("not back in its own namespaces")
-    imported = sorted(set(sys.modules) - home.modules)
-    if imported:
+    if dict(os.environ) != home.environ:  # enter_caller starts from home.environ
+        return _not_back("its environment differs from before the request")
+    if not home.modules.issuperset(sys.modules):  # (no set built when nothing was imported)
+        imported = sorted(set(sys.modules) - home.modules)
         return _not_back(f"the request imported {', '.join(imported[:5])}")
     signals = signal_state()
     if signals != home.signals:
@@ -306,22 +321,21 @@ def _identity(st: os.stat_result) -> FdId:
     return st.st_dev, st.st_ino, stat.S_IFMT(st.st_mode)
 
 
-# The signals with a name that a handler can be set for: listed once, not per request (the
-# enum lookups cost ~0.05 ms a call). Realtime signals without a name: the kernel's sets below.
-_NAMED_SIGNALS = tuple((s.name, s.value) for s in signal.Signals
-                       if s not in (signal.SIGKILL, signal.SIGSTOP)
-                       and s.value in signal.valid_signals())
+# The signals signal_state reads the handler of, with their names (an enum lookup each costs
+# more than the rest of signal_state: looked up once)
+_SIGNALS = tuple((sig, signal.Signals(sig).name) for sig in signal.valid_signals()
+                 if sig not in (signal.SIGKILL, signal.SIGSTOP)
+                 and sig in signal.Signals._value2member_map_)
 
 
 def signal_state() -> dict[str, object]:
     """Python's handlers and the kernel's view (blocked, ignored, caught: what a C extension or
     ctypes sigaction changes too), read from our own /proc."""
-    state: dict[str, object] = {name: signal.getsignal(sig) for name, sig in _NAMED_SIGNALS}
-    with open("/proc/thread-self/status") as f:
-        for line in f:
-            if line.startswith(("SigBlk", "SigIgn", "SigCgt")):
-                key, _, value = line.partition(":")
-                state[key] = value.strip()
+    state: dict[str, object] = {name: signal.getsignal(sig) for sig, name in _SIGNALS}
+    for line in _read_proc("/proc/thread-self/status").decode().splitlines():
+        if line.startswith(("SigBlk", "SigIgn", "SigCgt")):
+            key, _, value = line.partition(":")
+            state[key] = value.strip()
     return state
 
 
@@ -353,8 +367,19 @@ def end_descendants() -> int:
 
 
 def _children() -> list[int]:
-    with open("/proc/thread-self/children") as f:
-        return [int(pid) for pid in f.read().split()]
+    return [int(pid) for pid in _read_proc("/proc/thread-self/children").split()]
+
+
+def _read_proc(path: str) -> bytes:
+    """A /proc file's bytes: open, read, close (open() adds six syscalls for a text stream)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 8192):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def drop_request_state() -> None:
@@ -431,14 +456,21 @@ def _set_policy(policy: int) -> bool:
     return True
 
 
-def enter_caller(by_role: dict[int, int], env: dict[str, str], umask: int) -> None:
+def enter_caller(by_role: dict[int, int], env: dict[str, str], umask: int,
+                 home: Home | None = None) -> None:
     """Become the caller: its mount and network namespaces, cwd, environment and umask. Both
     namespaces are compared while still in our own mount namespace (its /proc is ours; the
-    caller's may say anything)."""
+    caller's may say anything). A spare at `home` (back_home showed it) compares them with its
+    own namespaces' fds and starts from its home environment; a child forked for the request
+    asks its /proc and os.environ."""
     mnt = by_role.get(proto.ROLE_CALLER_MNT)
     net = by_role.get(proto.ROLE_CALLER_NET)
-    enter_mnt = mnt is not None and not same_ns(mnt, "mnt")
-    enter_net = net is not None and not same_ns(net, "net")
+    if home is None:
+        enter_mnt = mnt is not None and not same_ns(mnt, "mnt")
+        enter_net = net is not None and not same_ns(net, "net")
+    else:
+        enter_mnt = mnt is not None and _identity(os.fstat(mnt)) != home.fds[home.mnt]
+        enter_net = net is not None and _identity(os.fstat(net)) != home.fds[home.net]
     if enter_mnt:
         setns_mnt(mnt)
     if enter_net:
@@ -446,7 +478,8 @@ def enter_caller(by_role: dict[int, int], env: dict[str, str], umask: int) -> No
     cwd = by_role.get(proto.ROLE_CWD)
     if cwd is not None:
         os.fchdir(cwd)
-    set_environ(env)  # what plugins exec (iptables, an IPAM plugin) inherit, as in-process
+    # what plugins exec (iptables, an IPAM plugin) inherit, as in-process
+    set_environ(env, None if home is None else home.environ)
     os.umask(umask)
 
 

@@ -10,13 +10,14 @@ from collections.abc import Iterator
 
 
 def fds_from(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    """The fds of a message's SCM_RIGHTS. Every recvmsg that takes fds passes MSG_CMSG_CLOEXEC:
+    they arrive close-on-exec (a spawned tool or a successor daemon never inherits them), with
+    no syscall per fd to make them so."""
     fds: list[int] = []
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             usable = len(data) - len(data) % 4
             fds += struct.unpack(f"{usable // 4}i", data[:usable])
-    for fd in fds:
-        os.set_inheritable(fd, False)
     return fds
 
 

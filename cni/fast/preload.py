@@ -183,14 +183,17 @@ def warm_requests(netns_fd: int | None) -> None:
         set_environ(saved)
 
 
-def set_environ(env: dict[str, str]) -> None:
+def set_environ(env: dict[str, str], current: dict[str, str] | None = None) -> None:
     """os.environ becomes `env`, as a request's child sets it (what exec'd programs inherit).
-    Only what differs is changed: os.environ.clear() pops key by key, twice the cost."""
+    Only what differs is changed: os.environ.clear() pops key by key, twice the cost.
+    `current`: what os.environ is now, as a dict (a spare at home: its home environment), so that
+    os.environ is not decoded key by key to be compared."""
     environ = os.environ
-    for key in [key for key in environ if key not in env]:
+    now = environ if current is None else current
+    for key in [key for key in now if key not in env]:
         del environ[key]
     for key, value in env.items():
-        if environ.get(key) != value:
+        if now.get(key) != value:
             try:
                 environ[key] = value
             except (ValueError, OSError):  # a name putenv refuses: "a=b" ValueError, "" EINVAL

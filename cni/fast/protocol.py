@@ -82,12 +82,39 @@ def decode_env(block: bytes) -> dict[str, str]:
 
     encoding = sys.getfilesystemencoding()
     env: dict[str, str] = {}
+    if encoding == "utf-8":
+        # The block decoded at once, then split: the same, since in UTF-8 the bytes of NUL and
+        # "=" are never part of another character, and surrogateescape makes neither of them.
+        for item in block.decode(encoding, "surrogateescape").split("\0"):
+            if item:
+                key, _, value = item.partition("=")
+                env[key] = value
+        return env
     for item in block.split(b"\0"):
         if item:
             key, _, value = item.partition(b"=")
             env[key.decode(encoding, "surrogateescape")] = value.decode(encoding,
                                                                         "surrogateescape")
     return env
+
+
+def env_values(block: bytes, names: tuple[str, ...]) -> dict[str, str]:
+    """decode_env(block)'s entries for `names` (ASCII), without decoding the rest of the block
+    (the daemon's parent reads four): each name's last item, "NAME=value" or a bare "NAME"."""
+    import sys
+
+    padded = b"\0" + block + b"\0"
+    out: dict[str, str] = {}
+    for name in names:
+        key = b"\0" + name.encode("ascii")
+        at = padded.rfind(key + b"=")
+        if padded.rfind(key + b"\0") > at:
+            out[name] = ""  # a bare name after the last NAME=...: as decode_env's partition
+        elif at >= 0:
+            start = at + len(key) + 1
+            out[name] = padded[start:padded.index(b"\0", start)].decode(
+                sys.getfilesystemencoding(), "surrogateescape")
+    return out
 
 
 def encode_request(plugin: str, env: bytes, stdin: bytes, roles: int, umask: int) -> bytes:

@@ -38,6 +38,8 @@ log = logging.getLogger("pycni.daemon")
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 LOOP_TICK = 5.0  # seconds the loop sleeps at most with nothing due (it has nothing periodic)
 ANSWER_TIMEOUT = 1.0  # for an error reply sent for a child (its caller reads it, or is gone)
+# What the parent reads of a request's environment (its child decodes the whole of it)
+_ENV_READ = ("CNI_CONTAINERID", "CNI_COMMAND", "CNI_IFNAME", attachlock.ENV)
 
 
 def drain_bound(opts: Options) -> float:
@@ -63,6 +65,7 @@ class Server:
         self.stopping = False
         self.drain_deadline = float("inf")  # set by stop(): every accepted request ends by it
         self.signals = 0  # SIGTERM/SIGINT seen; acted on in the loop, never inside the handler
+        self.children_exited = True  # a SIGCHLD since the last _reap (at first: not known)
         self.wake_r, self.wake_w = socket.socketpair()
         self.pool = SparePool(opts, self.sel, runner)
         self.counts = Counts()
@@ -110,12 +113,15 @@ class Server:
         for sock in (self.wake_r, self.wake_w):
             sock.setblocking(False)
         signal.set_wakeup_fd(self.wake_w.fileno(), warn_on_full_buffer=False)
-        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the wakeup fd
+        signal.signal(signal.SIGCHLD, self._on_child)  # wakes select through the wakeup fd
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGINT, self._on_stop)
 
     def _on_stop(self, _signum: int, _frame) -> None:
         self.signals += 1
+
+    def _on_child(self, _signum: int, _frame) -> None:
+        self.children_exited = True
 
     def _handle_signals(self) -> None:
         if self.signals > 1:  # the second time: do not wait for the children
@@ -172,17 +178,22 @@ class Server:
             if uid != 0:
                 log.warning("refused a connection from pid %d uid %d (root only)", pid, uid)
                 p.refused = f"the pycni daemon serves root only (peer uid {uid})"
-            self.pending[conn.fileno()] = p
-            self.sel.register(conn, selectors.EVENT_READ, self._read)
+            fd = conn.fileno()
+            self.pending[fd] = p
             # The shim sends its request right after connect: it is usually here already, and
-            # reading it now saves a trip around the loop (select, reap, expire, ...).
+            # reading it now saves a trip around the loop (select, reap, expire, ...); the
+            # connection is watched only if it is still arriving.
             self._read(conn)
+            if fd in self.pending:
+                self.sel.register(conn, selectors.EVENT_READ, self._read)
+                p.watched = True
 
     def _read(self, conn: socket.socket) -> None:
         fd = conn.fileno()
         p = self.pending[fd]
         try:
-            data, anc, flags, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(4 * proto.MAX_FDS))
+            data, anc, flags, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(4 * proto.MAX_FDS),
+                                               socket.MSG_CMSG_CLOEXEC)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -222,7 +233,7 @@ class Server:
         if len(p.fds) != bin(roles).count("1"):
             self._refuse(conn, "the request's fds do not match its header", fds=p.fds)
             return
-        env = proto.decode_env(env_block)
+        env = proto.env_values(env_block, _ENV_READ)
         cid = env.get("CNI_CONTAINERID", "")
         self.queue.append(Ready(conn, data, p.fds,
                                 f"{plugin} {env.get('CNI_COMMAND', '?')} {cid}".rstrip(),
@@ -263,7 +274,8 @@ class Server:
 
     def _unregister(self, fd: int) -> socket.socket:
         p = self.pending.pop(fd)
-        self.sel.unregister(p.conn)
+        if p.watched:
+            self.sel.unregister(p.conn)
         return p.conn
 
     def _drop(self, fd: int) -> None:
@@ -285,7 +297,8 @@ class Server:
         for ready in list(self.queue):  # what is not started stays queued (a fork closes it)
             if len(self.jobs) >= self.opts.max_children:
                 return
-            if peer_gone(ready.conn):
+            fresh, ready.fresh = ready.fresh, False
+            if not fresh and peer_gone(ready.conn):
                 self.queue.remove(ready)
                 close_all(ready.fds)
                 ready.conn.close()
@@ -426,7 +439,12 @@ class Server:
     def _reap(self) -> None:
         """Every child that has exited: a request's (answered here by its exit code), and
         those no job waits for (a spare that died idle, the zygote, an orphan the subreaper
-        adopted), which would stay zombies until some request's child exited."""
+        adopted), which would stay zombies until some request's child exited. Only after a
+        SIGCHLD (a waitid a turn saved): one that comes after the flag is cleared sets it again,
+        and its wakeup fd makes the next select return at once."""
+        if not self.children_exited:
+            return
+        self.children_exited = False
         while True:
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)

@@ -55,6 +55,7 @@ class Pending:
     fds: list[int] = field(default_factory=list)
     peer: int = 0  # the client's pid (SO_PEERCRED), to tell a nested call
     refused: str = ""  # answered with this error once its request is in (so it reads it)
+    watched: bool = False  # registered with the server's selector (it was not all there)
 
 
 @dataclass
@@ -70,6 +71,7 @@ class Ready:
     holder: int = 0  # the pid its attachment lock token names (attachlock.ENV), if any
     held: bool = False  # waiting for a request on the same attachment
     inside_job: bool | None = None  # its caller descends from a running job (Server._inside_job)
+    fresh: bool = True  # read in this turn of the loop: its caller was there a moment ago
     received: float = field(default_factory=time.monotonic)  # complete (metrics' latency)
 
 

@@ -84,7 +84,8 @@ def _make_spare(ctl: socket.socket, spare_main: SpareMain) -> int | None:
 def take_spare_sockets(ctl: socket.socket) -> list[socket.socket] | None:
     """The parent's side: control sockets of new spares; None when the maker is gone."""
     try:
-        data, anc, _, _ = ctl.recvmsg(64, socket.CMSG_SPACE(4 * 64), socket.MSG_DONTWAIT)
+        data, anc, _, _ = ctl.recvmsg(64, socket.CMSG_SPACE(4 * 64),
+                                      socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
     except (BlockingIOError, InterruptedError):
         return []
     except OSError:
