@@ -127,6 +127,31 @@ def test_a_tbf_above_2_32_bytes_per_second_keeps_its_rate64_after_other_tc_reque
     assert "rate 800Gbit" in shown, shown
 
 
+@pytest.mark.parametrize("echoed", [True, False])
+def test_the_ifb_comes_with_its_index_and_mac_whether_or_not_the_kernel_echoes(host,
+                                                                           echoed) -> None:
+    """ifb.create asks for an echo of the link it makes (Linux 6.3+); a kernel that answers
+    with a bare ACK (here: its echo dropped) gets the lookup by name instead. Either way the
+    index and MAC are the link's, it is up and marked."""
+    from cni.host import ifb, links, netns
+
+    with netns.iproute(host.path) as ipr:
+        class Unechoed:  # the socket, as an older kernel answers a link add
+            def __getattr__(self, name):
+                return getattr(ipr, name)
+
+            def link(self, command, **kw):
+                replies = ipr.link(command, **kw)
+                if command == "get":
+                    return replies
+                return [m for m in replies if m["header"]["type"] != 16]  # RTM_NEWLINK
+
+        made = ifb.create(ipr if echoed else Unechoed(), "bwptest", 1400, "net", "ctr")
+        link = links.get(ipr, "bwptest")
+    assert (made.index, made.mac) == (link.index, link.mac) and link.up and link.mtu == 1400
+    assert host.links()["bwptest"]["ifalias"] == "pycni-bandwidth net ctr"
+
+
 def host_link(host, name: str) -> dict:
     return host.links()[name]
 
