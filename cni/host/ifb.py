@@ -32,9 +32,19 @@ def alias_for(network: str, container_id: str) -> str:
 
 
 def create(ipr: IPRoute, name: str, mtu: int, network: str, container_id: str) -> Ifb:
-    """Add the ifb (txqueuelen 0 and the MTU given, as the reference), mark it, set it up."""
-    ipr.link("add", ifname=name, kind="ifb", mtu=mtu, txqlen=0)
-    link = links.get(ipr, name)  # index and MAC in one request (up keeps the MAC)
+    """Add the ifb (txqueuelen 0 and the MTU given, as the reference), mark it, set it up.
+
+    The add asks the kernel to echo the link it made (NLM_F_ECHO, which link requests honour
+    since Linux 6.3): its index and MAC come with the answer. An older kernel answers with a
+    bare ACK, and they are asked for by name, as they always were. (up keeps the MAC.)"""
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_NEWLINK
+
+    # link()'s command as (type, flags): its "add" (create, exclusive), echoed.
+    add = (RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL | NLM_F_ECHO)
+    replies = ipr.link(add, ifname=name, kind="ifb", mtu=mtu, txqlen=0)
+    echoed = [m for m in replies if m["header"]["type"] == RTM_NEWLINK]
+    link = links.get(ipr, name, replies=echoed or None)
     if link is None:
         raise HostError(f"ifb {name} vanished right after it was created")
     index = link.index

@@ -195,12 +195,12 @@ def _annotated(annotations: dict[str, Any], name: str) -> Direction | None:
     return Direction(bits, None, key, key)
 
 
-def _tbf(direction: Direction, mtu: int, log: Callable[[str], None]):
+def _tbf(direction: Direction, mtu: int, log: Callable[[str], None], ticks: float):
     """The tbf for a direction. An explicit burst tbf cannot hold at its rate is refused; a
-    derived one (ours, from the rate) is clamped to the largest it holds."""
+    derived one (ours, from the rate) is clamped to the largest it holds. `ticks`: the
+    request's tc.tick_in_usec() (/proc/net/psched, read once for both directions)."""
     from cni.host import tc
 
-    ticks = tc.tick_in_usec()
     most = tc.max_burst_bits(direction.rate, ticks)
     if most == 0:  # 25 ms of the rate alone overflows tbf's u32 limit (above ~1.37 Tbit/s)
         raise invalid_config(direction.rate_key, direction.rate,
@@ -279,14 +279,17 @@ def _require_listed(req: Request, prev: Result, veth) -> None:
 
 @netns.one_socket_per_namespace  # the peer lookup and the tc work share one host socket
 def add(req: Request) -> Result:
+    from cni.host import tc
+
     lim = limits(req)
     if lim is None or (lim.ingress is None and lim.egress is None):
         return req.prev_result or _empty(req)
     prev = _require_prev(req)
     require_printable(prev, req.version)
     veth = _host_veth(req, prev)
-    ingress = _tbf(lim.ingress, veth.mtu, req.log) if lim.ingress else None
-    egress = _tbf(lim.egress, veth.mtu, req.log) if lim.egress else None
+    ticks = tc.tick_in_usec()
+    ingress = _tbf(lim.ingress, veth.mtu, req.log, ticks) if lim.ingress else None
+    egress = _tbf(lim.egress, veth.mtu, req.log, ticks) if lim.egress else None
     result = copy.deepcopy(prev)
     result["interfaces"] = list(result.get("interfaces") or [])
     _apply(req, veth, ingress, egress, result)
@@ -409,10 +412,11 @@ def check(req: Request) -> None:
         return root + tail  # the dump last
 
     veth, replies = _host_veth_reading(req, _require_prev(req), reads)
+    ticks = tc.tick_in_usec()
     with netns.iproute() as ipr:
         if ingress is not None:
             _compare(veth.name, tc.read_tbf(ipr, veth.index, replies.pop(0)),
-                     _tbf(ingress, veth.mtu, req.log))
+                     _tbf(ingress, veth.mtu, req.log, ticks))
         if egress is not None:
             ifb_replies, filter_replies = replies
             index = ifb.lookup(ipr, name, ifb_replies)
@@ -421,7 +425,7 @@ def check(req: Request) -> None:
             if index not in tc.redirect_targets(ipr, veth.index, filter_replies):
                 raise CNIError(Code.INTERNAL,
                                f"no ingress redirect from {veth.name} to ifb {name}")
-            _compare(name, tc.read_tbf(ipr, index), _tbf(egress, veth.mtu, req.log))
+            _compare(name, tc.read_tbf(ipr, index), _tbf(egress, veth.mtu, req.log, ticks))
 
 
 def _compare(dev: str, found, want) -> None:

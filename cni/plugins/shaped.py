@@ -16,9 +16,16 @@ ifname) is not valid, and the GC of any network when its host veth is gone from 
 tbf went with it; so the records of a network that no longer exists, whose GC never runs, go
 too). /run is a tmpfs: after a reboot the veths are gone too.
 
-A record is written as `<name>.tmp<pid>` and renamed: a writer killed in between leaves that
-file. It is never read as a record, and removed once its writer is dead (no process has that
-pid) by the next write or removal of the same record and by any GC (sweep_temporary).
+A record is written in place, in one write(2) of its JSON (no temporary file, no fsync: /run is
+a tmpfs, and the reference keeps no file at all). A writer killed mid-write leaves a strict
+prefix of that JSON object, which lacks its closing brace and never parses: a record that might
+be torn is never trusted (read as no record, by DEL and GC alike; the attachment's DEL, which
+follows a failed ADD, removes it).
+ADD and DEL touch that one file only, never the directory (its size grows with the pods).
+
+Earlier versions wrote `<name>.tmp<pid>` and renamed it: a writer killed in between left that
+file. It is never read as a record, and any GC removes it once its writer is dead (no process
+has that pid; sweep_temporary).
 """
 
 from __future__ import annotations
@@ -107,16 +114,21 @@ def sweep_temporary(record: str | None = None) -> int:
 def remember(network: str, container_id: str, ifname: str, veth: str, index: int) -> None:
     """Record the tbf about to be made on `veth` (ifindex `index`); raises OSError if it cannot
     (the ADD fails before it made the tbf: a tbf without its record would outlive a DEL)."""
-    os.makedirs(RECORD_DIR, mode=0o700, exist_ok=True)
-    sweep_temporary(_name(network, container_id, ifname))
     body = json.dumps({"network": network, "containerID": container_id, "ifname": ifname,
-                       "veth": veth, "index": index, "node": node_netns()})
+                       "veth": veth, "index": index, "node": node_netns()}).encode()
     path = _path(network, container_id, ifname)
-    tmp = f"{path}{_TMP}{os.getpid()}"
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600),
-              "w") as f:
-        f.write(body)
-    os.replace(tmp, path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileNotFoundError:  # the first record since boot: no directory yet
+        os.makedirs(RECORD_DIR, mode=0o700, exist_ok=True)
+        fd = os.open(path, flags, 0o600)
+    try:
+        view = memoryview(body)
+        while view:  # one write for a record's size; a short one is continued, as f.write does
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 def recall(network: str, container_id: str, ifname: str) -> Shaped | None:
@@ -128,7 +140,6 @@ def forget(network: str, container_id: str, ifname: str) -> None:
         os.unlink(_path(network, container_id, ifname))
     except FileNotFoundError:
         pass
-    sweep_temporary(_name(network, container_id, ifname))
 
 
 def listed() -> list[Shaped]:
