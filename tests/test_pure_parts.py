@@ -174,30 +174,3 @@ def test_max_burst_is_the_largest_tbf_holds_and_agrees_with_the_old_search(rate,
 def test_max_burst_values_worked_by_hand(rate, ticks, expected) -> None:
     assert tc.max_burst_bits(rate, ticks) == expected
 
-
-@pytest.mark.parametrize("rate, limit, buffer", [(12_500_000, 12_937_500, 800_000),
-                                                 (1, 100, 50), (2**32 - 1, 2**31, 10**6)])
-def test_tbf_message_encodes_as_pyroute2s_own_tbf(rate, limit, buffer) -> None:
-    """tc.tbf_message's tbf parameters skip the rate table pyroute2's encode computes (no table
-    is sent): the bytes on the wire are those of pyroute2's own tbf message all the same."""
-    from pyroute2.netlink.rtnl.tcmsg import tcmsg
-
-    sent = []
-
-    class Socket:
-        def nlm_request_batch(self, msgs):
-            sent.extend(msgs)
-
-    tc.add_tbf(Socket(), 7, tc.Tbf(rate, limit, buffer))
-    ours = sent[0]
-    theirs = tcmsg()
-    for field in ("family", "index", "handle", "parent"):
-        theirs[field] = ours[field]
-    parms = {"rate_cell_log": 0, "rate": rate, "peak": 0, "limit": limit, "buffer": buffer,
-             "mtu": 0}  # pyroute2 works out the cell log and alignment of its rate table
-    theirs["attrs"] = [["TCA_KIND", "tbf"],
-                       ["TCA_OPTIONS", {"attrs": [["TCA_TBF_PARMS", parms]]}]]
-    for msg in (ours, theirs):
-        msg["header"].update({"type": 36, "flags": 0x605, "sequence_number": 1, "pid": 1})
-        msg.encode()
-    assert bytes(ours.data) == bytes(theirs.data)

@@ -135,12 +135,7 @@ def tbf_message() -> type:
                 ("TCA_TBF_PBURST", "uint32"),
                 ("TCA_TBF_PAD", "hex"),
             )
-            class tbf_parms(sched_tbf.options.tbf_parms):  # noqa: N801
-                # pyroute2's encode first fills a 256-entry rate table for TCA_TBF_RTAB, ~0.1
-                # ms a tbf: we send no table, and give the cell_log and cell_align it would
-                # set (add_tbf), so the struct encodes to the same bytes without it.
-                def encode(self) -> None:
-                    nla.encode(self)
+            tbf_parms = sched_tbf.options.tbf_parms
 
         class tbfmsg(tcmsg):  # noqa: N801
             # get_plugin, not get_options: pyroute2 compiles a class's NLA table once and a
