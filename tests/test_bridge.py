@@ -438,6 +438,17 @@ def test_del_twice(plugins, host, pod, tmp_path) -> None:
     assert "cni0" in host.links()  # the bridge is never deleted
 
 
+def test_del_without_macspoofchk_still_removes_a_spoof_check(plugins, host, pod,
+                                                             tmp_path) -> None:
+    """The config lost macspoofchk after ADD: DEL still finds the spoof check (it looks for the
+    `bridge nat` table first, then for the chains as with macspoofchk on)."""
+    add(plugins, conf(tmp_path, ipMasq=True, macspoofchk=True), pod)
+    assert spoof_chains(host) != []
+    plugins.ok("bridge", "DEL", conf(tmp_path, ipMasq=True), netns=pod.path, path=ipam_path())
+    assert spoof_chains(host) == [] and masq_rules(host) == []
+    assert reservations(tmp_path) == []
+
+
 def test_del_of_an_interface_the_kernel_will_not_delete_is_a_clean_error(plugins, host, pod,
                                                                          tmp_path) -> None:
     """Found by the long fuzz: DEL with CNI_IFNAME=lo was 999 with a pyroute2 traceback."""

@@ -359,7 +359,7 @@ def delete(req: Request) -> None:
 
     # By comment, so nothing leaks whatever CNI_NETNS was; only an error if the feature is on.
     _teardown(conf.macspoofchk, lambda: spoofchk.teardown(req.container_id, req.ifname,
-                                                          conf.name), req)
+                                                          conf.name, conf.macspoofchk), req)
     _teardown(conf.ipMasq, lambda: masq.teardown(conf.name, req.ifname, req.container_id), req)
 
 
