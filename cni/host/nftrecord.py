@@ -123,7 +123,7 @@ def present(family: str, table: str, handles: dict[str, list[int]]) -> bool:
 # A spare's NFTSockets for its own namespace, by family, kept from request to request (as
 # netns.keep_home_socket keeps its IPRoute): (namespace, {family: socket}).
 _kept: tuple[tuple[int, int], dict[str, NFTSocket]] | None = None
-KEPT_FAMILIES = ("inet", "ip", "ip6")  # CHECK's: masq's table, portmap's two
+KEPT_FAMILIES = ("inet", "ip", "ip6", "bridge")  # CHECK's: masq's table, portmap's two, spoofchk's
 
 
 def keep_home_sockets() -> None:
