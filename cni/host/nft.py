@@ -140,9 +140,11 @@ def delete_rules_script(found: list[dict[str, Any]]) -> str:
 
 
 def available() -> tuple[bool, str]:
-    """Whether nftables works here (STATUS, doctor)."""
+    """Whether nftables works here (STATUS, doctor): one read of nf_tables. `list sets`, as
+    `list tables` in nft 1.0.6 fetches every chain and rule (~1.5 ms with 300 chains, growing
+    with the pods on the node; `list sets` ~0.05 ms)."""
     try:
-        list_json("tables")
+        list_json("sets")
     except NftError as e:
         return False, str(e)
     return True, ""
