@@ -159,13 +159,22 @@ def _tree(roots: Iterable[Path]) -> tuple[tuple[str, str], ...]:
 
 
 def _nft_without_handles(ruleset: dict[str, Any]) -> str:
-    """The ruleset as text, minus what changes without a real change (handles, metainfo)."""
+    """The ruleset as text, minus what changes without a real change: handles, metainfo, and
+    the order nft lists tables, chains and sets in (handle order: a chain made afresh, as
+    portmap's pycni-all-recorded, moves to the end). The rules of each chain keep their order."""
     objs = [o for o in ruleset.get("nftables", []) if "metainfo" not in o]
     for o in objs:
         for v in o.values():
             if isinstance(v, dict):
                 v.pop("handle", None)
-    return json.dumps(objs, sort_keys=True)
+    declared = sorted(json.dumps(o, sort_keys=True) for o in objs if "rule" not in o)
+    chains: dict[str, list[str]] = {}
+    for o in objs:
+        if "rule" in o:
+            r = o["rule"]
+            key = f"{r.get('family')} {r.get('table')} {r.get('chain')}"
+            chains.setdefault(key, []).append(json.dumps(o, sort_keys=True))
+    return json.dumps([declared, sorted(chains.items())])
 
 
 def snapshot(host: Netns, *dirs: Path) -> HostSnapshot:
