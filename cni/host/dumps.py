@@ -67,24 +67,30 @@ def address_entries(ipr: IPRoute, index: int, family: int) -> list[tuple[str, in
 
 def together(ipr: IPRoute, requests: list[Any]) -> list[list[Any]]:
     """Several read requests (built complete, header type and flags set: links.get_request,
-    qdisc_request, filters_request) in one send; -> each request's replies, in the order asked,
-    without ACKs and DONEs. A request the kernel refused (a link that is not there: ENODEV,
-    ...) has no replies, as one that found nothing: pyroute2 drops the error (noraise) after
-    cleaning up after the request. So a caller that finds no reply asks that one again alone,
-    and gets what the single request gives (None, or the error raised): the batch never
-    changes a decision, it only saves the round trips of the usual case. At most one dump per
-    batch (the kernel runs one dump at a time on a socket), last."""
-    from pyroute2.netlink import NLMSG_DONE, NLMSG_ERROR
+    qdisc_request, filters_request) in one send; -> each request's replies, in the order
+    asked: the messages of its answer type (RTM_NEWLINK for an RTM_GETLINK, ...). A request
+    the kernel refused (a link that is not there: ENODEV, ...) has no replies, as one that
+    found nothing: pyroute2 drops the error (noraise) after cleaning up after the request. So
+    a caller that finds no reply asks that one again alone, and gets what the single request
+    gives (None, or the error raised): the batch never changes a decision, it only saves the
+    round trips of the usual case. At most one dump per batch (the kernel runs one dump at a
+    time on a socket), last."""
+    from pyroute2.netlink import rtnl
 
+    answer = {rtnl.RTM_GETLINK: rtnl.RTM_NEWLINK, rtnl.RTM_GETQDISC: rtnl.RTM_NEWQDISC,
+              rtnl.RTM_GETTFILTER: rtnl.RTM_NEWTFILTER}
+    wanted = [answer[r["header"]["type"]] for r in requests]  # (a KeyError: not a read here)
     replies = ipr.nlm_request_batch(requests, noraise=True)
     # NetlinkRequest numbered each request's header in place; replies carry that number.
-    found: dict[int, list[Any]] = {r["header"]["sequence_number"]: [] for r in requests}
+    found: dict[int, tuple[int, list[Any]]] = {
+        r["header"]["sequence_number"]: (kind, [])
+        for r, kind in zip(requests, wanted, strict=True)}
     for msg in replies:
         header = msg["header"]
-        mine = found.get(header["sequence_number"])
-        if mine is not None and header["type"] not in (NLMSG_ERROR, NLMSG_DONE):
+        kind, mine = found.get(header["sequence_number"], (None, None))
+        if mine is not None and header["type"] == kind:
             mine.append(msg)
-    return [found[r["header"]["sequence_number"]] for r in requests]
+    return [found[r["header"]["sequence_number"]][1] for r in requests]
 
 
 def qdisc_request(index: int, parent: int, msg_class: type | None = None) -> Any:
