@@ -72,6 +72,21 @@ def _with_daemon(t: Target, d: Daemon, fallback: bool = False) -> Target:
     return t
 
 
+def _dead(pids: list[int]) -> None:
+    """Wait (bounded) until each of `pids` has exited (gone, or a zombie)."""
+    deadline = time.monotonic() + TIMEOUT
+    for pid in pids:
+        while True:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rpartition(")")[2].split()[0] == "Z":
+                        break
+            except OSError:
+                break
+            assert time.monotonic() < deadline, f"killed process {pid} never exited"
+            time.sleep(0.002)
+
+
 def _settle(d: Daemon) -> None:
     """Wait (bounded) until the daemon runs and queues nothing: an orphaned ADD has finished
     (its child answered, or was reaped)."""
@@ -263,11 +278,21 @@ def kill_with_daemon(host: Netns, t: Target, net: Net, d: Daemon, rng: random.Ra
         # the first last round holds its child a few syscalls into the verb, a retry at once
         depth = 0 if not last else rng.randint(1, 8) if i == n - 1 else 1
         victims, phase, release = _kill_plan(d, mode, rng, typical, depth)
+        killed: list[int] = []
+
+        def chosen(p: subprocess.Popen, victims=victims, killed=killed) -> list[int]:
+            pids = victims(p)
+            killed.extend(pids)
+            return pids
         proc = spawn_add(host, t.plugin, cid, t.netns, t.ifname, t.extra_env)
         # child mode does its own waiting (for the child to run it), so it starts at once
         delay = 0.0 if mode == "child" or last else random_delay(rng, typical)
-        outcome = kill_after(proc, delay, victims, stdin=json.dumps(t.conf(cid)).encode(),
+        outcome = kill_after(proc, delay, chosen, stdin=json.dumps(t.conf(cid)).encode(),
                              phase=phase, after_kill=release)
+        # A child killed just after its ADD ended is a spare that may take the DEL before it
+        # has died (its exit waits for a CPU on a loaded box): the daemon then answers 11,
+        # nothing ran, which a runtime retries. The kill is for the ADD: let it land first.
+        _dead(killed)
         outcomes.append(outcome)
         what = (f"daemon/{mode} {t.plugin} kill #{i} after {delay:.3f}s "
                 f"(landed={outcome.landed} in {outcome.phase or '-'})")
