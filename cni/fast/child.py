@@ -47,8 +47,9 @@ EXIT_NOT_STARTED = 75  # the child could not ACK (the shim is gone): nothing ran
 ALARM_MARGIN = 10  # seconds past --timeout a child kills itself, should the parent be gone
 DONE = "pycni-done"  # a child's name once it has sent its reply (has_answered)
 SPARE = "pycni-spare"  # an idle spare's name
-MAX_SERVED = 256  # requests a spare serves before it exits: bounds what a process accumulates
-# (its warm-up costs 20-50 ms of CPU: at 64 that was ~0.25-0.8 ms a request; PSS stays flat)
+MAX_SERVED = 64  # requests a spare serves before it exits: bounds what a process accumulates
+# (a spare's warm-up costs 20-50 ms of CPU, ~0.25-0.8 ms a request at 64; at 256 make bench's
+# PSS at rest was 81.3 MB, over the 80 MB line, against 77.7 at 64: a used spare grows)
 THREADS_WAIT = 10.0  # for a request's helper threads to end (linkgone's waits ~10-30 ms)
 Runner = Callable[[str, dict, bytes, "int | None"], object]  # skel.run's shape
 _JOB_HEADER = struct.Struct("!Q")
