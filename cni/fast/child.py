@@ -34,7 +34,7 @@ from cni.fast import attachlock
 from cni.fast import protocol as proto
 from cni.fast.fds import close_all, fds_from
 from cni.fast.preload import keep_home_sockets, set_environ, warm_requests, warm_up
-from cni.fast.procs import become_subreaper, comm, set_name
+from cni.fast.procs import become_subreaper, comm, read_proc, set_name
 from cni.host import nsfd
 
 log = logging.getLogger("pycni.daemon")
@@ -334,7 +334,7 @@ def signal_state() -> dict[str, object]:
     """Python's handlers and the kernel's view (blocked, ignored, caught: what a C extension or
     ctypes sigaction changes too), read from our own /proc."""
     state: dict[str, object] = {name: signal.getsignal(sig) for sig, name in _SIGNALS}
-    for line in _read_proc("/proc/thread-self/status").decode().splitlines():
+    for line in read_proc("/proc/thread-self/status").decode().splitlines():
         if line.startswith(("SigBlk", "SigIgn", "SigCgt")):
             key, _, value = line.partition(":")
             state[key] = value.strip()
@@ -369,19 +369,7 @@ def end_descendants() -> int:
 
 
 def _children() -> list[int]:
-    return [int(pid) for pid in _read_proc("/proc/thread-self/children").split()]
-
-
-def _read_proc(path: str) -> bytes:
-    """A /proc file's bytes: open, read, close (open() adds six syscalls for a text stream)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 8192):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+    return [int(pid) for pid in read_proc("/proc/thread-self/children").split()]
 
 
 def drop_request_state() -> None:
