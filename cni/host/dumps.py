@@ -24,10 +24,21 @@ if TYPE_CHECKING:
     from pyroute2 import IPRoute
 
 
+def request(ipr: IPRoute, msg: Any) -> list[Any]:
+    """Send one request built complete (header type and flags set: an ACK or a dump asked
+    for) and return its replies (none for a bare ACK); a kernel error is raised as pyroute2's
+    NetlinkError, as IPRoute's own methods raise it. pyroute2's nlm_request_batch with one
+    message: the request is sent and its whole answer read in one turn of the socket's event
+    loop, where nlm_request and link(...) take one per reply (~25-45 us less a request)."""
+    return ipr.nlm_request_batch((msg,))
+
+
 def _dump(ipr: IPRoute, msg: Any, msg_type: int) -> list[Any]:
     from pyroute2.netlink import NLM_F_DUMP, NLM_F_REQUEST
 
-    return list(ipr.nlm_request(msg, msg_type, msg_flags=NLM_F_REQUEST | NLM_F_DUMP))
+    msg["header"]["type"] = msg_type
+    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_DUMP
+    return request(ipr, msg)
 
 
 def address_messages(ipr: IPRoute, index: int, family: int = 0) -> list[Any]:
@@ -139,7 +150,7 @@ def qdisc(ipr: IPRoute, index: int, parent: int, msg_class: type | None = None) 
 
     msg = qdisc_request(index, parent, msg_class)
     try:
-        replies = ipr.nlm_request(msg, msg["header"]["type"], msg_flags=msg["header"]["flags"])
+        replies = request(ipr, msg)
     except NetlinkError as e:
         if e.code in (errno.ENOENT, errno.ENODEV, errno.EINVAL):
             return None
