@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
@@ -19,6 +20,8 @@ from cni.host.errors import NamespaceError, NamespaceMissing
 from cni.host.nsfd import is_netns, setns
 
 if TYPE_CHECKING:
+    import asyncio
+
     from pyroute2 import IPRoute as NetlinkSocket
 
 # The request's sockets, set only inside shared_sockets(): namespace (st_dev, st_ino) -> the one
@@ -63,14 +66,42 @@ def entered(target: int | str) -> Iterator[None]:
 def new_socket() -> NetlinkSocket:
     """pyroute2's IPRoute on a socket made now, in the calling thread's namespace: no multicast
     groups (a request socket: nothing queues up behind our answers), strict checking on so that
-    a dump asked with a link's index is filtered by the kernel (dumps.py)."""
+    a dump asked with a link's index is filtered by the kernel (dumps.py). In a process that
+    keeps an event loop (keep_event_loop), on that loop."""
     from pyroute2 import IPRoute
 
-    ipr = IPRoute(groups=0, strict_check=True, libc=nsfd.libc())
-    # IPRoute's nlm_request (dumps.py) reads this, which only NetlinkSocket's __init__ sets
-    # (pyroute2 0.9.7): False returns the dump as a tuple.
+    ipr = IPRoute(groups=0, strict_check=True, libc=nsfd.libc(), use_event_loop=_own_loop())
+    # IPRoute's nlm_request reads this, which only NetlinkSocket's __init__ sets (pyroute2
+    # 0.9.7): False returns the dump as a tuple.
     ipr.status.setdefault("nlm_generator", False)
     return ipr
+
+
+# A spare's asyncio event loop for its IPRoutes, kept from request to request: (pid, thread,
+# loop). Only that process's that thread uses it (a loop runs in one thread; a forked child
+# would share its epoll instance and self-pipe with us).
+_loop: tuple[int, int, asyncio.AbstractEventLoop] | None = None
+
+
+def keep_event_loop() -> None:
+    """Make one asyncio event loop now and build every IPRoute of this thread on it from now
+    on (pyroute2's use_event_loop), never closed: for a daemon's spare, which records its fds
+    after its warm-up (the loop's epoll fd and self-pipe among them). Without it each IPRoute
+    makes its own loop and closes it with the socket (~50 us of CPU a socket). IPRoute.close
+    leaves its transport's last callback (the socket is closed at once) to the loop's next
+    run: one at most, nothing that grows."""
+    global _loop
+    if _loop is None:
+        import asyncio
+
+        _loop = (os.getpid(), threading.get_ident(), asyncio.new_event_loop())
+
+
+def _own_loop() -> asyncio.AbstractEventLoop | None:
+    kept = _loop
+    if kept is None or kept[0] != os.getpid() or kept[1] != threading.get_ident():
+        return None
+    return kept[2]
 
 
 def _new_iproute(target: int | str | None) -> NetlinkSocket:
@@ -139,6 +170,7 @@ def keep_home_socket() -> None:
     groups): each reads its own answers, by sequence number."""
     global _kept
     if _kept is None:
+        keep_event_loop()  # the kept socket's and every later IPRoute's of this process
         _kept = (ns_key(), new_socket())
 
 
