@@ -33,31 +33,40 @@ def request(ipr: IPRoute, msg: Any) -> list[Any]:
     return ipr.nlm_request_batch((msg,))
 
 
-def _dump(ipr: IPRoute, msg: Any, msg_type: int) -> list[Any]:
+def address_request(index: int, family: int = 0) -> Any:
+    """The RTM_GETADDR dump of the link's addresses (of `family`, 0: any), for request() or
+    one batch after a request it must follow (links.set_loopback)."""
     from pyroute2.netlink import NLM_F_DUMP, NLM_F_REQUEST
-
-    msg["header"]["type"] = msg_type
-    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_DUMP
-    return request(ipr, msg)
-
-
-def address_messages(ipr: IPRoute, index: int, family: int = 0) -> list[Any]:
-    """The link's RTM_NEWADDR messages (of `family`, 0: any)."""
     from pyroute2.netlink.rtnl import RTM_GETADDR
     from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 
     msg = ifaddrmsg()
     msg["family"] = family
     msg["index"] = index
+    msg["header"]["type"] = RTM_GETADDR
+    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_DUMP
+    return msg
+
+
+def address_messages(ipr: IPRoute, index: int, family: int = 0,
+                     replies: list[Any] | None = None) -> list[Any]:
+    """The link's RTM_NEWADDR messages (of `family`, 0: any); `replies`: those of an
+    address_request(index, family) already sent (with others: the ACKs of those are among
+    them)."""
+    from pyroute2.netlink.rtnl import RTM_NEWADDR
+
+    if replies is None:
+        replies = request(ipr, address_request(index, family))
     # a kernel without strict checking ignores the index: filter here too
-    return [m for m in _dump(ipr, msg, RTM_GETADDR)
-            if m["index"] == index and (not family or m["family"] == family)]
+    return [m for m in replies if m["header"]["type"] == RTM_NEWADDR
+            and m["index"] == index and (not family or m["family"] == family)]
 
 
-def addresses(ipr: IPRoute, index: int) -> list[str]:
-    """The link's addresses as 'ip/prefix', v4 first, each family in the kernel's order."""
+def addresses(ipr: IPRoute, index: int, replies: list[Any] | None = None) -> list[str]:
+    """The link's addresses as 'ip/prefix', v4 first, each family in the kernel's order;
+    `replies`: as address_messages'."""
     found: dict[int, list[str]] = {socket.AF_INET: [], socket.AF_INET6: []}
-    for m in address_messages(ipr, index):
+    for m in address_messages(ipr, index, replies=replies):
         address = m.get_attr("IFA_ADDRESS")
         if m["family"] in found and address is not None:
             found[m["family"]].append(f"{address}/{m['prefixlen']}")
