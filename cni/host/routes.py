@@ -92,7 +92,7 @@ def find(ipr, dst: str, gw: str | None = None) -> list:
     (dst_len, dst, gateways)."""
     want = ipaddress.ip_network(dst, strict=False)
     found = []
-    for msg in ipr.route("dump", family=family_of(dst)):
+    for msg in _request(ipr, family_of(dst), dump=True):
         got, gws = msg.get_attr("RTA_DST"), _gateways(msg)
         if msg["dst_len"] != want.prefixlen:
             continue
@@ -108,8 +108,29 @@ def oif_toward(ipr, address: str) -> int | None:
     """RTA_OIF of the route the kernel picks for `address` (ip route get); None if no route."""
     from pyroute2 import NetlinkError
 
+    ip = ipaddress.ip_address(address)
     try:
-        replies = ipr.route("get", dst=address)
+        replies = _request(ipr, socket.AF_INET if ip.version == 4 else socket.AF_INET6,
+                           ip=ip)
     except NetlinkError:
         return None
     return next((m.get_attr("RTA_OIF") for m in replies), None)
+
+
+def _request(ipr, family: int, dump: bool = False,
+             ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None) -> list:
+    """The RTM_NEWROUTE replies to route('dump', family=) (every table's routes of the
+    family) or route('get', dst=ip) (the route the kernel picks), asked with the rtmsg those
+    build, through dumps.request."""
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_GETROUTE, RTM_NEWROUTE
+    from pyroute2.netlink.rtnl.rtmsg import rtmsg
+
+    msg = rtmsg()
+    msg["family"] = family
+    if ip is not None and not ip.is_unspecified:  # pyroute2 asks 0.0.0.0 and :: as /0
+        msg["dst_len"] = ip.max_prefixlen
+        msg["attrs"] = [["RTA_DST", str(ip)]]
+    msg["header"]["type"] = RTM_GETROUTE
+    msg["header"]["flags"] = NLM_F_REQUEST | (NLM_F_DUMP if dump else NLM_F_ACK)
+    return [m for m in dumps.request(ipr, msg) if m["header"]["type"] == RTM_NEWROUTE]
