@@ -93,3 +93,52 @@ def test_kept_nft_sockets_answer_in_their_namespace_only(host, pod) -> None:
                          cwd=ROOT, capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["ok"]
+
+
+KEPT_LOOP = """
+import os, sys, threading
+from cni.host import links, netns
+from cni.host.nsfd import setns
+
+host, pod = sys.argv[1], sys.argv[2]
+setns(os.open(host, os.O_RDONLY))  # a spare forked in the host namespace
+netns.keep_home_socket()  # and its event loop, before it records its fds
+loop = netns._loop[2]
+kept = netns._kept[1]
+fds = sorted(os.listdir("/proc/self/fd"))
+for _ in range(50):  # request after request, each with a socket in the pod's namespace
+    with netns.shared_sockets(), netns.iproute(pod) as ipr:
+        assert ipr is not kept and ipr.asyncore.event_loop is loop
+        assert links.set_loopback(pod, True) and links.loopback_is_up(pod)
+assert sorted(os.listdir("/proc/self/fd")) == fds, "each socket closed with its request"
+# nothing grows on the loop: the self-pipe's and the kept socket's readers, at most the last
+# closed transport's callback, no task
+assert len(loop._selector.get_map()) == 2 and len(loop._ready) <= 1
+import asyncio
+assert not asyncio.all_tasks(loop)
+assert links.get(kept, "lo") is not None
+
+def elsewhere(out):
+    with netns.iproute(pod) as ipr:
+        out.append(ipr.asyncore.event_loop is not loop and links.get(ipr, "lo") is not None)
+
+done = []
+thread = threading.Thread(target=elsewhere, args=(done,))
+thread.start()
+thread.join()
+assert done == [True], "another thread makes its own loop"
+pid = os.fork()
+if pid == 0:  # a forked child shares the loop's epoll and self-pipe: it must not use them
+    ok = []
+    elsewhere(ok)
+    os._exit(0 if ok == [True] else 1)
+assert os.waitpid(pid, 0)[1] == 0, "a forked child makes its own loop"
+print("ok")
+"""
+
+
+def test_a_kept_event_loop_serves_request_after_request_and_keeps_nothing(host, pod) -> None:
+    out = subprocess.run([sys.executable, "-c", KEPT_LOOP, host.path, pod.path], cwd=ROOT,
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ok"]
