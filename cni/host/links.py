@@ -22,7 +22,8 @@ def set_loopback(target: int | str, up: bool) -> list[str]:
     request to set it by name (the kernel finds it: no lookup first), and for up an address
     dump of LOOPBACK_IFINDEX after it in the same send: the kernel gives every namespace's lo
     that index. (Should the set fail, pyroute2 raises its error and leaves the dump's answer
-    unread, on a socket the request closes: lo is in a pod's namespace.)"""
+    unread under its own sequence number, where no other request looks; the socket is the
+    request's, closed at its end, but for a pod whose namespace is the spare's own.)"""
     from pyroute2 import NetlinkError
     from pyroute2.netlink.rtnl import RTM_NEWLINK
 
