@@ -514,6 +514,39 @@ def test_check_passes_then_notices_what_went_missing(plugins, host, pod, tmp_pat
     assert code == 1 and "10.22.0.2/24" in err["msg"]
 
 
+def test_check_reports_the_links_in_order(plugins, host, pod, tmp_path) -> None:
+    """CHECK's link errors: a MAC that does not match (bridge, container), a host veth off the
+    bridge, a missing container veth, and the bridge's error first when both are gone."""
+    c = conf(tmp_path)
+    out = add(plugins, c, pod)
+    with_prev = c | {"prevResult": out}
+    plugins.ok("bridge", "CHECK", with_prev, netns=pod.path, path=ipam_path())
+    br, veth, cont = out["interfaces"]
+
+    def other_mac(entry: dict) -> dict:
+        return {**entry, "mac": "02:00:00:00:00:99" if entry["mac"] != "02:00:00:00:00:99"
+                else "02:00:00:00:00:98"}
+
+    for i, want in ((0, "Bridge interface cni0 Mac doesn't match"),
+                    (2, "Interface eth0 Mac 02:00:00:00:00:9")):
+        prev = {**out, "interfaces": [other_mac(e) if j == i else e
+                                      for j, e in enumerate(out["interfaces"])]}
+        code, err, _ = run(plugins, "CHECK", c | {"prevResult": prev}, pod)
+        assert code == 1 and err["msg"].startswith(want), err
+
+    host.run("ip", "link", "set", veth["name"], "nomaster")
+    code, err, _ = run(plugins, "CHECK", with_prev, pod)
+    assert code == 1 and err["msg"] == f"Interface {veth['name']} not attached to bridge cni0"
+
+    pod.run("ip", "link", "del", cont["name"])
+    code, err, _ = run(plugins, "CHECK", with_prev, pod)
+    assert code == 1 and err["msg"] == "container interface eth0 not found", err
+
+    host.run("ip", "link", "del", br["name"])
+    code, err, _ = run(plugins, "CHECK", with_prev, pod)
+    assert code == 1 and err["msg"] == 'could not lookup "cni0": Link not found', err
+
+
 def test_check_needs_prev_result(plugins, pod, tmp_path) -> None:
     c = conf(tmp_path)
     add(plugins, c, pod)

@@ -66,3 +66,33 @@ def test_each_namespace_gets_its_own_nftables_context(netns_factory) -> None:
     assert (in_a, in_b) == (["only_in_a"], [])
     assert "only_in_b" in b.run("nft", "list", "tables").stdout
     assert "only_in_b" not in a.run("nft", "list", "tables").stdout
+
+
+MASQ_READD = r"""
+import json, sys
+sys.path.insert(0, %r)
+from cni.host import masq, nft
+masq.setup(["10.9.0.2/16"], "net", "eth0", "a" * 64)
+masq.setup(["10.9.0.3/16"], "net", "eth0", "b" * 64)
+masq.setup(["10.9.0.4/16", "fd00::4/64"], "net", "eth0", "a" * 64)  # ADD again: replaces
+saddrs = lambda: sorted(str(r["expr"][0]["match"]["right"])
+                        for r in nft.rules("inet", masq.TABLE, masq.CHAIN))
+out = {"after_readd": saddrs(), "present": masq.present("net", "eth0", "a" * 64)}
+out["removed"] = masq.teardown("net", "eth0", "a" * 64)
+out["left"] = saddrs()
+out["chains"] = sorted(nft.chains("inet", masq.TABLE))
+print(json.dumps(out))
+"""
+
+
+def test_masquerade_add_again_replaces_the_attachments_rules(host) -> None:
+    """A second ADD of an attachment (its record chain is there) replaces its rules, whichever
+    way the batch finds them; another attachment's stay."""
+    from cni.host import masq
+
+    out = json.loads(host.run(sys.executable, "-c", MASQ_READD % str(ROOT)).stdout)
+    assert out["after_readd"] == ["10.9.0.3", "10.9.0.4", "fd00::4"]
+    assert out["present"] == ["10.9.0.4", "fd00::4"]
+    assert out["removed"] == 2 and out["left"] == ["10.9.0.3"]
+    assert out["chains"] == sorted([masq.CHAIN, masq.BASE,
+                                    masq.record_chain("net", "eth0", "b" * 64)])

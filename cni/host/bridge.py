@@ -65,8 +65,10 @@ def _create(ipr, name: str, mtu: int, vlan_filtering: bool) -> None:
                        f"{e.args[1] if len(e.args) > 1 else e}") from None
 
 
-def by_name(ipr, name: str) -> links.Link:
-    link = links.get(ipr, name)
+def by_name(ipr, name: str, replies: list | None = None) -> links.Link:
+    """The bridge called `name`; `replies`: those of a links.get_request(ifname=name) sent in
+    a dumps.together batch (see links.get)."""
+    link = links.get(ipr, name, replies=replies)
     if link is None:
         raise _err(f'could not lookup "{name}": Link not found')
     if link.kind != "bridge":

@@ -24,6 +24,7 @@ _ctx: dict[tuple[int, int], Any] = {}
 # kept context reads what another process changed since (as firewalld's long-lived one does).
 _home: tuple[tuple[int, int], Any] | None = None
 _SAFE_COMMENT = re.compile(r"^[A-Za-z0-9 _.,:/@=+\-]*$")
+_UNSAFE_IN_COMMENT = re.compile('[\x00-\x1f\x7f"]')  # control characters and '"'
 _IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
 # What nft's scanner reads as one unquoted identifier (1.0.6 takes no quoted chain names).
 _CHAIN = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
@@ -160,8 +161,7 @@ def quote(text: str) -> str:
 def comment(text: str) -> str:
     """A rule comment as written by the reference (any text nft keeps verbatim between double
     quotes): refused if it holds a '"', a control character or more than 128 bytes."""
-    if (len(text.encode()) > COMMENT_MAX or '"' in text
-            or any(ord(c) < 32 or ord(c) == 127 for c in text)):
+    if len(text.encode()) > COMMENT_MAX or _UNSAFE_IN_COMMENT.search(text):
         raise ValueError(f"unsafe comment for an nft rule: {text!r}")
     return f'"{text}"'
 

@@ -291,6 +291,11 @@ class Store:
 
 def _open_network_dir(data_dir: str, network: str) -> int:
     """Create `<dataDir>/<network>` (0755, as the reference) and open it, never via a symlink."""
+    try:  # the usual case, a store that is there: one open (dataDir followed, as below)
+        return os.open(os.path.join(data_dir, network),
+                       os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        pass  # not there yet, or refused: made, or refused with the reason, below
     try:
         os.makedirs(data_dir, DIR_MODE, exist_ok=True)
         data_fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -400,9 +400,7 @@ def check(req: Request) -> None:
         raise CNIError(Code.INTERNAL, f"interface {req.ifname} in {req.netns} not found in "
                        "prevResult")
 
-    br = check_bridge(conf, br_entry)
-    cont = peer.container_veth(req.netns_target, req.ifname)
-    host_end = peer.host_end(cont)
+    br, cont, host_end = _check_links(conf, req, br_entry)
     if cont_entry.get("mac") and cont.mac != cont_entry["mac"].lower():
         raise CNIError(Code.INTERNAL, f"Interface {req.ifname} Mac {cont_entry['mac']} doesn't "
                        f"match container Mac: {cont.mac}")
@@ -433,8 +431,31 @@ def check(req: Request) -> None:
         raise CNIError(Code.INTERNAL, f"mac spoof check for {req.ifname} is missing")
 
 
-def check_bridge(conf: NetConf, entry: dict) -> links.Link:
-    br = bridge.lookup(conf.bridge)
+def _check_links(conf: NetConf, req: Request, br_entry: dict
+                 ) -> tuple[links.Link, links.Link, links.Link | None]:
+    """The bridge (checked against its prevResult entry), the container veth and its host end
+    (None: not there, or not its peer). The container veth is read first, then the bridge and
+    the host end in one send (dumps.together): the bridge's errors still come first."""
+    from cni.host import dumps
+
+    try:
+        cont, failed = peer.container_veth(req.netns_target, req.ifname), None
+    except Exception as e:  # reported after the bridge's own errors, as before
+        cont, failed = None, e
+    with netns.iproute() as ipr:
+        asked = [links.get_request(ifname=conf.bridge)]
+        if cont is not None:
+            asked.append(links.get_request(index=cont.peer_index))
+        replies = dumps.together(ipr, asked)
+        br = check_bridge(conf, br_entry, bridge.by_name(ipr, conf.bridge, replies[0]))
+        if cont is None:
+            raise failed  # type: ignore[misc]
+        host_end = peer.points_back(cont, links.by_index(ipr, cont.peer_index, replies[1]))
+    return br, cont, host_end
+
+
+def check_bridge(conf: NetConf, entry: dict, br: links.Link | None = None) -> links.Link:
+    br = br or bridge.lookup(conf.bridge)
     if entry.get("mac") and br.mac != entry["mac"].lower():
         raise CNIError(Code.INTERNAL, f"Bridge interface {conf.bridge} Mac doesn't match: "
                        f"{entry['mac']}")
