@@ -37,6 +37,7 @@ limits succeeds (reference #1221 crashed there).
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable
 from typing import Annotated, Any, NamedTuple
 
@@ -227,24 +228,15 @@ def _require_prev(req: Request) -> Result:
     return req.prev_result
 
 
-def _host_veth(req: Request, prev: Result):
-    """The host end of CNI_IFNAME's veth, which prevResult must list without a sandbox."""
-    from cni.host import peer
-
-    _require_interfaces(prev)
-    veth = peer.host_veth(req.netns_target, req.ifname)  # PeerError: 999, as the reference
-    _require_listed(req, prev, veth)
-    return veth
-
-
 # More reads about the host end, by its ifindex (links.get_request, tc.root_request, ...).
 Reads = Callable[[Any, int], list[Any]]
 
 
 def _host_veth_reading(req: Request, prev: Result, also: Reads):
-    """_host_veth, with `also(ipr, index)`'s reads (of the host link at the container veth's
-    peer index) in one send with the host end's lookup (dumps.together); -> the veth and
-    their replies, which are the veth's (its index is that one)."""
+    """The host end of CNI_IFNAME's veth, which prevResult must list without a sandbox, with
+    `also(ipr, index)`'s reads (of the host link at the container veth's peer index) in one
+    send with the host end's lookup (dumps.together); -> the veth and their replies, which are
+    the veth's (its index is that one)."""
     _require_interfaces(prev)
     veth, replies = _peer_reading(req, also)
     _require_listed(req, prev, veth)
@@ -252,14 +244,47 @@ def _host_veth_reading(req: Request, prev: Result, also: Reads):
 
 
 def _peer_reading(req: Request, also: Reads):
+    """The host end (peer.host_veth; PeerError: 999, as the reference) and `also`'s replies."""
     from cni.host import dumps, links, peer
 
-    container = peer.container_veth(req.netns_target, req.ifname)
+    container = _container_veth(req)
     index = container.peer_index
     with netns.iproute() as ipr:
         replies = dumps.together(ipr, [links.get_request(index=index), *also(ipr, index)])
         link = peer.points_back(container, links.by_index(ipr, index, replies[0]))
     return peer.host_veth_of(container, link, req.ifname), replies[1:]
+
+
+def _container_veth(req: Request):
+    """peer.container_veth(req.netns_target, req.ifname), asked on the host namespace's socket
+    when it can be: the container's namespace by the id the host gives it (RTM_GETNSID by fd,
+    which assigns none), its link by name in that namespace (IFLA_TARGET_NETNSID, Linux 4.20):
+    no socket of its own in the container's namespace (pyroute2 builds one, with its event
+    loop, ~0.5 ms). A namespace without an id here, a link not found or not a veth with a peer:
+    asked as before, in the container's namespace, which gives the answer or error it always
+    gave."""
+    from cni.host import dumps, links, peer
+
+    link = None
+    try:
+        fd = netns.open_ns(req.netns_target)
+    except HostError:
+        fd = None  # peer.container_veth raises it again, as it did
+    if fd is not None:
+        try:
+            with netns.iproute() as ipr:
+                nsid = (ipr.get_netnsid(fd=fd) or {}).get("nsid")
+                if nsid is not None and 0 <= nsid < 2**31:  # -1: none assigned here
+                    msg = links.get_request(ifname=req.ifname)
+                    msg["attrs"].append(["IFLA_IF_NETNSID", nsid])  # IFLA_TARGET_NETNSID
+                    replies = dumps.together(ipr, [msg])[0]
+                    # (no reply: never asked again here, that would ask the host namespace)
+                    link = links.get(ipr, req.ifname, replies=replies) if replies else None
+        finally:
+            os.close(fd)
+    if link is not None and link.kind == "veth" and link.peer_index:
+        return link
+    return peer.container_veth(req.netns_target, req.ifname)
 
 
 def _require_interfaces(prev: Result) -> None:
@@ -286,7 +311,7 @@ def add(req: Request) -> Result:
         return req.prev_result or _empty(req)
     prev = _require_prev(req)
     require_printable(prev, req.version)
-    veth = _host_veth(req, prev)
+    veth, _ = _host_veth_reading(req, prev, lambda ipr, index: [])
     ticks = tc.tick_in_usec()
     ingress = _tbf(lim.ingress, veth.mtu, req.log, ticks) if lim.ingress else None
     egress = _tbf(lim.egress, veth.mtu, req.log, ticks) if lim.egress else None
