@@ -43,18 +43,35 @@ class Tbf(NamedTuple):
     buffer: int
 
 
+_TICKS: float | None = None  # the kernel's, once read: its psched constants never change
+
+
 def tick_in_usec(psched: str | None = None) -> float:
-    """Ticks per microsecond, as vishvananda/netlink computes it (1.0 if psched is unreadable)."""
+    """Ticks per microsecond, as vishvananda/netlink computes it (1.0 if psched is unreadable).
+    /proc/net/psched holds constants of the running kernel (its tick and clock resolution):
+    read once per process (a spare's requests after its first one skip the open and read)."""
+    global _TICKS
     if psched is None:
+        if _TICKS is not None:
+            return _TICKS
         try:
             with open("/proc/net/psched") as f:
-                psched = f.read()
+                text = f.read()
         except OSError:
             return 1.0
+        ticks = _ticks(text)
+        if ticks is not None:
+            _TICKS = ticks
+        return 1.0 if ticks is None else ticks
+    ticks = _ticks(psched)
+    return 1.0 if ticks is None else ticks
+
+
+def _ticks(psched: str) -> float | None:
     try:
         t2us, us2t, clock_res = (int(v, 16) for v in psched.split()[:3])
     except ValueError:
-        return 1.0
+        return None
     if clock_res == 1_000_000_000:  # netlink's compatibility branch
         t2us = us2t
     return t2us / us2t * (clock_res / TIME_UNITS_PER_SEC)
