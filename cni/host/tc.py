@@ -15,6 +15,7 @@ CHECK reads back a rate above 2^32 bytes/s. No rate table is sent, as the refere
 from __future__ import annotations
 
 import errno
+import functools
 import math
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -94,6 +95,13 @@ def tbf_for(rate_bits: int, burst_bits: int, ticks: float | None = None) -> Tbf:
 
 
 def max_burst_bits(rate_bits: int, ticks: float | None = None) -> int:
+    """The largest burst tbf holds at a rate (_max_burst_bits), remembered for the last few
+    rates asked (a node's pods share a few: CHECK and every ADD ask it again)."""
+    return _max_burst_bits(rate_bits, tick_in_usec() if ticks is None else ticks)
+
+
+@functools.lru_cache(maxsize=16)
+def _max_burst_bits(rate_bits: int, ticks: float) -> int:
     """The largest burst (bits, a whole number of bytes) whose tbf_for(rate_bits, burst) fits
     tbf's u32 buffer and limit; 0 when even the smallest does not (a rate above ~1.4 Tbit/s
     fills the limit alone).
@@ -103,7 +111,6 @@ def max_burst_bits(rate_bits: int, ticks: float | None = None) -> int:
     burst. So the largest usec whose buffer fits is the inverse of the first rounding and the
     largest burst whose usec fits the inverse of the second (_largest), worked in exact
     fractions; the limit is burst + a constant."""
-    ticks = tick_in_usec() if ticks is None else ticks
     rate = rate_bits // 8
     if rate <= 0 or ticks <= 0:
         return 0
