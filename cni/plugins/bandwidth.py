@@ -263,12 +263,15 @@ def _peer_reading(req: Request, also: Reads, early: tuple[Any, ...] = ()):
 def _container_veth(req: Request, early: tuple[Any, ...] = ()):
     """peer.container_veth(req.netns_target, req.ifname), asked on the host namespace's socket
     when it can be: the container's namespace by the id the host gives it (RTM_GETNSID by fd,
-    which assigns none), its link by name in that namespace (IFLA_TARGET_NETNSID, Linux 4.20):
+    which assigns none), its link by name in that namespace (IFLA_TARGET_NETNSID):
     no socket of its own in the container's namespace (pyroute2 builds one, with its event
-    loop, ~0.5 ms). A namespace without an id here, a link not found or not a veth with a peer:
-    asked as before, in the container's namespace, which gives the answer or error it always
-    gave. `early`: GETLINK requests of the host namespace sent with the container's; -> the
-    link and their replies (None when they were not sent)."""
+    loop, ~0.5 ms). A namespace without an id here, a link not found or not a veth with a peer,
+    an answer that does not name that namespace: asked as before, in the container's
+    namespace, which gives the answer or error it always gave. (The kernel reports the veth's
+    peer namespace by its id as seen from the asking socket's: the first such answer assigns
+    the host namespace an id of its own, once, as `ip netns list-id` shows.)
+    `early`: GETLINK requests of the host namespace sent with the container's; -> the link and
+    their replies (None when they were not sent)."""
     from cni.host import dumps, links, peer
 
     link = found = None
@@ -284,6 +287,9 @@ def _container_veth(req: Request, early: tuple[Any, ...] = ()):
                     msg = links.get_request(ifname=req.ifname)
                     msg["attrs"].append(["IFLA_IF_NETNSID", nsid])  # IFLA_TARGET_NETNSID
                     replies, *found = dumps.together(ipr, [msg, *early])
+                    # The kernel names the namespace it answered for: one that does not know
+                    # the attribute ignores it and answers for the host namespace instead.
+                    replies = [m for m in replies if m.get_attr("IFLA_IF_NETNSID") == nsid]
                     # (no reply: never asked again here, that would ask the host namespace)
                     link = links.get(ipr, req.ifname, replies=replies) if replies else None
         finally:
