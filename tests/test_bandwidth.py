@@ -460,11 +460,23 @@ from cni.host.nsfd import setns
 
 host, pod, stdin = sys.argv[1], sys.argv[2], sys.argv[3].encode()
 setns(os.open(host, os.O_RDONLY))
-sends = []
+if sys.argv[4:] == ["unaware"]:  # a kernel that ignores IFLA_TARGET_NETNSID names no netns
+    from cni.host import dumps
+    together = dumps.together
+
+    def unaware(ipr, requests):
+        found = together(ipr, requests)
+        for msg in (m for replies in found for m in replies):
+            msg["attrs"] = [a for a in msg["attrs"] if a[0] != "IFLA_IF_NETNSID"]
+        return found
+
+    dumps.together = unaware
+sends, sockets = [], []
 made = netns.new_socket
 
-def counted():  # each IPRoute a request makes: count what it sends
+def counted():  # each IPRoute a request makes: count it and what it sends
     ipr = made()
+    sockets.append(1)
     send = ipr.asyncore.send
     ipr.asyncore.send = lambda *a, **k: (sends.append(1), send(*a, **k))[1]
     return ipr
@@ -475,20 +487,24 @@ env = {"CNI_CONTAINERID": "ctr1", "CNI_NETNS": pod, "CNI_IFNAME": "eth0",
 out = {}
 for verb in ("ADD", "CHECK", "DEL"):
     sends.clear()
+    sockets.clear()
     reply = skel.run("bandwidth", env | {"CNI_COMMAND": verb}, stdin)
     assert reply.code == 0, reply
-    out[verb] = len(sends)
+    out[verb] = [len(sockets), len(sends)]
 print(json.dumps(out))
 """
 
 
 def test_check_and_del_cost_few_round_trips(host, pod) -> None:
-    """What a CHECK and a DEL send (in-process, as a daemon's child): the container's veth
-    (its namespace's socket), then one send for the host end and all that is read about it,
-    and for CHECK the ifb's tbf (its index comes with that send); DEL's two qdisc deletes.
-    The ifb's delete is linkgone's, on a socket of its own. ADD: the two veth ends, the two
-    tbf, the ifb's add (echoed: no lookup after it, on Linux 6.3 and later) and its alias, the
-    ingress qdisc and the redirect."""
+    """The sockets a request makes and what it sends on them (in-process, as a daemon's
+    child): one socket, the host namespace's. Each verb asks the host for the container
+    namespace's id and the container's veth by that id (no socket in the container's
+    namespace), then one send for the host end and all that is read about it; CHECK asks for
+    the ifb with the container's veth, so its tbf is read in that one send too; DEL's two
+    qdisc deletes. The ifb's delete
+    is linkgone's, on a socket of its own. ADD: the host end, the two tbf, the ifb's add
+    (echoed: no lookup after it, on Linux 6.3 and later) and its alias, the ingress qdisc and
+    the redirect."""
     import platform
     import subprocess
     import sys
@@ -502,7 +518,30 @@ def test_check_and_del_cost_few_round_trips(host, pod) -> None:
                          capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
     echoes = tuple(int(n) for n in platform.release().split(".")[:2]) >= (6, 3)
-    assert json.loads(run.stdout) == {"ADD": 8 if echoes else 9, "CHECK": 3, "DEL": 4}
+    assert json.loads(run.stdout) == {"ADD": [1, 9 if echoes else 10], "CHECK": [1, 3],
+                                      "DEL": [1, 5]}
+    assert_untouched(host, w)
+
+
+def test_an_answer_for_another_namespace_is_not_taken_for_the_containers(host, pod) -> None:
+    """The container's veth is asked on the host's socket by the container namespace's id; a
+    kernel that ignores that attribute answers for the host namespace, without naming it: such
+    an answer is not taken, the veth is asked in the container's namespace (two sockets), and
+    each verb does what it does."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    w = wire(host, pod, 1)
+    host.run("ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")  # a decoy
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    stdin = json.dumps(cfg | {"prevResult": w.prev_result()})
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", COUNTED, host.path, pod.path, stdin, "unaware"],
+                         cwd=root, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    assert {verb: n[0] for verb, n in json.loads(run.stdout).items()} == {
+        "ADD": 2, "CHECK": 2, "DEL": 2}
     assert_untouched(host, w)
 
 
@@ -678,3 +717,50 @@ def test_without_the_daemon_no_verb_loads_nftables_and_loopback_no_pydantic(host
         assert code == 0, (plugin, command, body)
         assert loaded == allowed[plugin], (plugin, command, loaded)
     assert_untouched(host, w)
+
+
+def _encoded(msg, like: bytes) -> bytes:
+    """`msg` encoded with the sequence number and port of the request `like`."""
+    msg["header"]["sequence_number"] = int.from_bytes(like[8:12], "little")
+    msg["header"]["pid"] = int.from_bytes(like[12:16], "little")
+    msg.encode()
+    return bytes(msg.data)
+
+
+@pytest.mark.parametrize("case", ["ingress add", "ingress del", "root del", "redirect",
+                                  "ifb add", "ifb mark"])
+def test_prebuilt_requests_are_what_pyroute2_would_send(case) -> None:
+    """tc.py's and ifb.py's prebuilt requests are byte for byte what pyroute2's tc() and
+    link() encode for the calls they replace (IPBatch: encoded, not sent)."""
+    from pyroute2 import IPBatch
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_NEWLINK
+
+    from cni.host import ifb
+
+    add_echoed = (RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL | NLM_F_ECHO)
+    mirred = {"kind": "mirred", "direction": "egress", "action": "redirect", "ifindex": 70000}
+    calls = {
+        "ingress add": (lambda b: b.tc("add", "ingress", 5, tc.INGRESS_HANDLE),
+                        lambda: tc.ingress_message(5, delete=False)),
+        "ingress del": (lambda b: b.tc("del", "ingress", 5, tc.INGRESS_HANDLE,
+                                       parent=tc.TC_H_INGRESS),
+                        lambda: tc.ingress_message(5, delete=True)),
+        "root del": (lambda b: b.tc("del", index=5, handle=tc.TBF_HANDLE, parent=tc.TC_H_ROOT),
+                     lambda: tc.root_delete_message(5)),
+        "redirect": (lambda b: b.tc("add-filter", "u32", 5, parent=tc.INGRESS_HANDLE, prio=1,
+                                    protocol=tc.ETH_P_ALL, target=tc.REDIRECT_CLASSID,
+                                    keys=["0x0/0x0+0"], action=mirred),
+                     lambda: tc.redirect_message(5, 70000)),
+        "ifb add": (lambda b: b.link(add_echoed, ifname="bwp0123456789ab", kind="ifb",
+                                     mtu=9000, txqlen=0),
+                    lambda: ifb.add_message("bwp0123456789ab", 9000)),
+        "ifb mark": (lambda b: b.link("set", index=70000, ifalias=ifb.alias_for("net", "c1"),
+                                      state="up"),
+                     lambda: ifb.mark_message(70000, ifb.alias_for("net", "c1"))),
+    }
+    high, prebuilt = calls[case]
+    batch = IPBatch()
+    high(batch)
+    want = bytes(batch.batch)
+    assert _encoded(prebuilt(), want) == want

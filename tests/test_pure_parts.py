@@ -174,3 +174,23 @@ def test_max_burst_is_the_largest_tbf_holds_and_agrees_with_the_old_search(rate,
 def test_max_burst_values_worked_by_hand(rate, ticks, expected) -> None:
     assert tc.max_burst_bits(rate, ticks) == expected
 
+
+
+def test_tick_in_usec_reads_psched_once(monkeypatch) -> None:
+    """/proc/net/psched holds the kernel's constants: read once per process, then remembered
+    (a text given is parsed as given; an unreadable file is 1.0, as netlink's)."""
+    import builtins
+
+    first = tc.tick_in_usec()
+    opened = []
+    real_open = builtins.open
+
+    def counting_open(path, *args, **kwargs):
+        opened.append(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    assert tc.tick_in_usec() == first
+    assert "/proc/net/psched" not in opened
+    assert tc.tick_in_usec("000003e8 00000040 000f4240 3b9aca00") == 15.625
+    assert tc.tick_in_usec("nonsense") == 1.0

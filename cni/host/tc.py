@@ -15,6 +15,7 @@ CHECK reads back a rate above 2^32 bytes/s. No rate table is sent, as the refere
 from __future__ import annotations
 
 import errno
+import functools
 import math
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -43,18 +44,35 @@ class Tbf(NamedTuple):
     buffer: int
 
 
+_TICKS: float | None = None  # the kernel's, once read: its psched constants never change
+
+
 def tick_in_usec(psched: str | None = None) -> float:
-    """Ticks per microsecond, as vishvananda/netlink computes it (1.0 if psched is unreadable)."""
+    """Ticks per microsecond, as vishvananda/netlink computes it (1.0 if psched is unreadable).
+    /proc/net/psched holds constants of the running kernel (its tick and clock resolution):
+    read once per process (a spare's requests after its first one skip the open and read)."""
+    global _TICKS
     if psched is None:
+        if _TICKS is not None:
+            return _TICKS
         try:
             with open("/proc/net/psched") as f:
-                psched = f.read()
+                text = f.read()
         except OSError:
             return 1.0
+        ticks = _ticks(text)
+        if ticks is not None:
+            _TICKS = ticks
+        return 1.0 if ticks is None else ticks
+    ticks = _ticks(psched)
+    return 1.0 if ticks is None else ticks
+
+
+def _ticks(psched: str) -> float | None:
     try:
         t2us, us2t, clock_res = (int(v, 16) for v in psched.split()[:3])
     except ValueError:
-        return 1.0
+        return None
     if clock_res == 1_000_000_000:  # netlink's compatibility branch
         t2us = us2t
     return t2us / us2t * (clock_res / TIME_UNITS_PER_SEC)
@@ -77,6 +95,13 @@ def tbf_for(rate_bits: int, burst_bits: int, ticks: float | None = None) -> Tbf:
 
 
 def max_burst_bits(rate_bits: int, ticks: float | None = None) -> int:
+    """The largest burst tbf holds at a rate (_max_burst_bits), remembered for the last few
+    rates asked (a node's pods share a few: CHECK and every ADD ask it again)."""
+    return _max_burst_bits(rate_bits, tick_in_usec() if ticks is None else ticks)
+
+
+@functools.lru_cache(maxsize=16)
+def _max_burst_bits(rate_bits: int, ticks: float) -> int:
     """The largest burst (bits, a whole number of bytes) whose tbf_for(rate_bits, burst) fits
     tbf's u32 buffer and limit; 0 when even the smallest does not (a rate above ~1.4 Tbit/s
     fills the limit alone).
@@ -86,7 +111,6 @@ def max_burst_bits(rate_bits: int, ticks: float | None = None) -> int:
     burst. So the largest usec whose buffer fits is the inverse of the first rounding and the
     largest burst whose usec fits the inverse of the second (_largest), worked in exact
     fractions; the limit is burst + a constant."""
-    ticks = tick_in_usec() if ticks is None else ticks
     rate = rate_bits // 8
     if rate <= 0 or ticks <= 0:
         return 0
@@ -224,17 +248,78 @@ def has_ingress(ipr: IPRoute, index: int) -> bool:
 
 def add_ingress(ipr: IPRoute, index: int) -> None:
     """The ingress qdisc (ffff:) on the link."""
-    ipr.tc("add", "ingress", index, INGRESS_HANDLE)
+    _send(ipr, ingress_message(index, delete=False))
 
 
 def add_redirect(ipr: IPRoute, index: int, target: int) -> None:
     """Match-all u32 filter on the link's ingress: redirect every packet to `target`'s egress
     (prio 1, protocol all, classid 1:1, one key 0x0/0x0 at 0, terminal; mirred egress redirect,
     stolen)."""
-    ipr.tc("add-filter", "u32", index, parent=INGRESS_HANDLE, prio=1, protocol=ETH_P_ALL,
-           target=REDIRECT_CLASSID, keys=["0x0/0x0+0"],
-           action={"kind": "mirred", "direction": "egress", "action": "redirect",
-                   "ifindex": target})
+    _send(ipr, redirect_message(index, target))
+
+
+# The requests below are the messages pyroute2's tc() builds for the same calls (the tests
+# compare their bytes: tests/test_bandwidth.py), built here as pyroute2's tcmsg with its own
+# encoders (cls_u32) and sent with nlm_request_batch: tc()'s argument processing and request
+# filters cost ~0.1 ms a call, and its u32 path computes a policer's rate tables it never sends.
+
+def _send(ipr: IPRoute, msg: Any) -> None:
+    """One prebuilt request (header type and flags set), its ACK awaited; a kernel error is
+    pyroute2's NetlinkError, as tc() raises it."""
+    ipr.nlm_request_batch([msg])
+
+
+def _tcmsg(msg_type: int, flags: int, index: int, handle: int, parent: int,
+           attrs: list[list[Any]]) -> Any:
+    from pyroute2.netlink.rtnl.tcmsg import tcmsg
+
+    msg = tcmsg()
+    msg["index"], msg["handle"], msg["parent"] = index, handle, parent
+    msg["attrs"] = attrs
+    msg["header"]["type"], msg["header"]["flags"] = msg_type, flags
+    return msg
+
+
+def ingress_message(index: int, delete: bool) -> Any:
+    """tc("add", "ingress", index, ffff:) or tc("del", "ingress", index, ffff:,
+    parent=TC_H_INGRESS)'s request."""
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_DELQDISC, RTM_NEWQDISC
+
+    if delete:
+        msg_type, flags = RTM_DELQDISC, NLM_F_REQUEST | NLM_F_ACK
+    else:
+        msg_type, flags = RTM_NEWQDISC, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+    return _tcmsg(msg_type, flags, index, INGRESS_HANDLE, TC_H_INGRESS,
+                  [["TCA_KIND", "ingress"]])
+
+
+def root_delete_message(index: int) -> Any:
+    """tc("del", index=index, handle=1:, parent=TC_H_ROOT)'s request."""
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_DELQDISC
+
+    return _tcmsg(RTM_DELQDISC, NLM_F_REQUEST | NLM_F_ACK, index, TBF_HANDLE, TC_H_ROOT, [])
+
+
+def redirect_message(index: int, target: int) -> Any:
+    """add_redirect's filter: tc("add-filter", "u32", index, parent=ffff:, prio=1,
+    protocol=ETH_P_ALL, target=1:1, keys=["0x0/0x0+0"], action=mirred egress redirect to
+    `target`)'s request, its options and info field made by pyroute2's cls_u32."""
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_NEWTFILTER
+    from pyroute2.netlink.rtnl.tcmsg import cls_u32
+
+    request = {"prio": 1, "protocol": ETH_P_ALL, "target": REDIRECT_CLASSID,
+               "keys": ["0x0/0x0+0"],
+               "action": {"kind": "mirred", "direction": "egress", "action": "redirect",
+                          "ifindex": target}}
+    cls_u32.fix_request(request)  # the info field: prio and protocol
+    msg = _tcmsg(RTM_NEWTFILTER, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+                 index, 0, INGRESS_HANDLE,
+                 [["TCA_KIND", "u32"], ["TCA_OPTIONS", cls_u32.get_parameters(request)]])
+    msg["info"] = request["info"]
+    return msg
 
 
 def _filter_redirects(ipr: IPRoute, index: int,
@@ -280,13 +365,12 @@ def ingress_is_for(ipr: IPRoute, index: int, target: int,
 
 def delete_root(ipr: IPRoute, index: int) -> None:
     """Remove the root qdisc (the kernel puts the default back); none is fine."""
-    _ignore_missing(lambda: ipr.tc("del", index=index, handle=TBF_HANDLE, parent=TC_H_ROOT))
+    _ignore_missing(lambda: _send(ipr, root_delete_message(index)))
 
 
 def delete_ingress(ipr: IPRoute, index: int) -> None:
     """Remove the ingress qdisc and its filters; none is fine."""
-    _ignore_missing(lambda: ipr.tc("del", "ingress", index, INGRESS_HANDLE,
-                                   parent=TC_H_INGRESS))
+    _ignore_missing(lambda: _send(ipr, ingress_message(index, delete=True)))
 
 
 def _ignore_missing(call) -> None:
