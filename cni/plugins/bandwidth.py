@@ -37,7 +37,6 @@ limits succeeds (reference #1221 crashed there).
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Callable
 from typing import Annotated, Any, NamedTuple
 
@@ -228,75 +227,39 @@ def _require_prev(req: Request) -> Result:
     return req.prev_result
 
 
-# More reads about the host end, by its ifindex (links.get_request, tc.root_request, ...):
-# also(ipr, index, early), `early` the replies of _peer_reading's early reads, or None when
-# they were not asked (then `also` asks them itself, if it wants them).
-Reads = Callable[[Any, int, "list[list[Any]] | None"], list[Any]]
+def _host_veth(req: Request, prev: Result):
+    """The host end of CNI_IFNAME's veth, which prevResult must list without a sandbox."""
+    from cni.host import peer
 
-
-def _host_veth_reading(req: Request, prev: Result, also: Reads, early: tuple[Any, ...] = ()):
-    """The host end of CNI_IFNAME's veth, which prevResult must list without a sandbox, with
-    `also(ipr, index, early)`'s reads (of the host link at the container veth's peer index) in
-    one send with the host end's lookup (dumps.together); -> the veth, their replies, which
-    are the veth's (its index is that one), and `early`'s (_peer_reading)."""
     _require_interfaces(prev)
-    veth, replies, found = _peer_reading(req, also, early)
+    veth = peer.host_veth(req.netns_target, req.ifname)  # PeerError: 999, as the reference
     _require_listed(req, prev, veth)
-    return veth, replies, found
+    return veth
 
 
-def _peer_reading(req: Request, also: Reads, early: tuple[Any, ...] = ()):
-    """The host end (peer.host_veth; PeerError: 999, as the reference), `also`'s replies, and
-    those of the `early` reads of the host namespace (GETLINKs that need no index: asked with
-    the container's veth, _container_veth; None if they were not)."""
+# More reads about the host end, by its ifindex (links.get_request, tc.root_request, ...).
+Reads = Callable[[Any, int], list[Any]]
+
+
+def _host_veth_reading(req: Request, prev: Result, also: Reads):
+    """_host_veth, with `also(ipr, index)`'s reads (of the host link at the container veth's
+    peer index) in one send with the host end's lookup (dumps.together); -> the veth and
+    their replies, which are the veth's (its index is that one)."""
+    _require_interfaces(prev)
+    veth, replies = _peer_reading(req, also)
+    _require_listed(req, prev, veth)
+    return veth, replies
+
+
+def _peer_reading(req: Request, also: Reads):
     from cni.host import dumps, links, peer
 
-    container, found = _container_veth(req, early)
+    container = peer.container_veth(req.netns_target, req.ifname)
     index = container.peer_index
     with netns.iproute() as ipr:
-        replies = dumps.together(ipr, [links.get_request(index=index),
-                                       *also(ipr, index, found)])
+        replies = dumps.together(ipr, [links.get_request(index=index), *also(ipr, index)])
         link = peer.points_back(container, links.by_index(ipr, index, replies[0]))
-    return peer.host_veth_of(container, link, req.ifname), replies[1:], found
-
-
-def _container_veth(req: Request, early: tuple[Any, ...] = ()):
-    """peer.container_veth(req.netns_target, req.ifname), asked on the host namespace's socket
-    when it can be: the container's namespace by the id the host gives it (RTM_GETNSID by fd,
-    which assigns none), its link by name in that namespace (IFLA_TARGET_NETNSID):
-    no socket of its own in the container's namespace (pyroute2 builds one, with its event
-    loop, ~0.5 ms). A namespace without an id here, a link not found or not a veth with a peer,
-    an answer that does not name that namespace: asked as before, in the container's
-    namespace, which gives the answer or error it always gave. (The kernel reports the veth's
-    peer namespace by its id as seen from the asking socket's: the first such answer assigns
-    the host namespace an id of its own, once, as `ip netns list-id` shows.)
-    `early`: GETLINK requests of the host namespace sent with the container's; -> the link and
-    their replies (None when they were not sent)."""
-    from cni.host import dumps, links, peer
-
-    link = found = None
-    try:
-        fd = netns.open_ns(req.netns_target)
-    except HostError:
-        fd = None  # peer.container_veth raises it again, as it did
-    if fd is not None:
-        try:
-            with netns.iproute() as ipr:
-                nsid = (ipr.get_netnsid(fd=fd) or {}).get("nsid")
-                if nsid is not None and 0 <= nsid < 2**31:  # -1: none assigned here
-                    msg = links.get_request(ifname=req.ifname)
-                    msg["attrs"].append(["IFLA_IF_NETNSID", nsid])  # IFLA_TARGET_NETNSID
-                    replies, *found = dumps.together(ipr, [msg, *early])
-                    # The kernel names the namespace it answered for: one that does not know
-                    # the attribute ignores it and answers for the host namespace instead.
-                    replies = [m for m in replies if m.get_attr("IFLA_IF_NETNSID") == nsid]
-                    # (no reply: never asked again here, that would ask the host namespace)
-                    link = links.get(ipr, req.ifname, replies=replies) if replies else None
-        finally:
-            os.close(fd)
-    if link is not None and link.kind == "veth" and link.peer_index:
-        return link, found
-    return peer.container_veth(req.netns_target, req.ifname), None
+    return peer.host_veth_of(container, link, req.ifname), replies[1:]
 
 
 def _require_interfaces(prev: Result) -> None:
@@ -323,7 +286,7 @@ def add(req: Request) -> Result:
         return req.prev_result or _empty(req)
     prev = _require_prev(req)
     require_printable(prev, req.version)
-    veth, _, _ = _host_veth_reading(req, prev, lambda ipr, index, early: [])
+    veth = _host_veth(req, prev)
     ticks = tc.tick_in_usec()
     ingress = _tbf(lim.ingress, veth.mtu, req.log, ticks) if lim.ingress else None
     egress = _tbf(lim.egress, veth.mtu, req.log, ticks) if lim.egress else None
@@ -385,7 +348,7 @@ def delete(req: Request) -> None:
     record = shaped.recall(req.network, req.container_id, req.ifname)
     here = record is not None and record.here()
 
-    def reads(ipr, index: int, early: Any) -> list[Any]:  # with the host end's lookup
+    def reads(ipr, index: int) -> list[Any]:  # with the host end's lookup, in one send
         root = [tc.root_request(ipr, record.index)] if here else []
         return [links.get_request(ifname=name), *root, tc.filters_request(index)]
 
@@ -426,7 +389,7 @@ def _host_veth_if_any(req: Request, also: Reads):
     if not req.netns and req.netns_fd is None:
         return None, []
     try:
-        return _peer_reading(req, also)[:2]
+        return _peer_reading(req, also)
     except (HostError, OSError):  # no netns, no link, no peer: nothing of ours to find
         return None, []
 
@@ -442,40 +405,27 @@ def check(req: Request) -> None:
     ingress, egress = lim
     name = ifb_name(req.network, req.container_id)
 
-    # The ifb is asked for with the container's veth (it needs no index), so that its tbf is
-    # read with the host end's lookup (it needs the ifb's index).
-    early = (links.get_request(ifname=name),) if egress is not None else ()
-    ifb_index: list[int | None] = [None]
-
-    def reads(ipr, index: int, found: Any) -> list[Any]:  # with the host end's lookup
+    def reads(ipr, index: int) -> list[Any]:  # with the host end's lookup, in one send
         root = [tc.root_request(ipr, index)] if ingress is not None else []
-        if egress is None:
-            return root
-        if found is None:  # early was not asked: the ifb with the rest, its tbf later
-            return root + [links.get_request(ifname=name), tc.filters_request(index)]
-        ifb_index[0] = ifb.lookup(ipr, name, found[0]) if found[0] else None
-        ifb_root = [tc.root_request(ipr, ifb_index[0])] if ifb_index[0] is not None else []
-        return root + ifb_root + [tc.filters_request(index)]  # the dump last
+        tail = [links.get_request(ifname=name), tc.filters_request(index)] \
+            if egress is not None else []
+        return root + tail  # the dump last
 
-    veth, replies, found = _host_veth_reading(req, _require_prev(req), reads, early)
+    veth, replies = _host_veth_reading(req, _require_prev(req), reads)
     ticks = tc.tick_in_usec()
     with netns.iproute() as ipr:
         if ingress is not None:
             _compare(veth.name, tc.read_tbf(ipr, veth.index, replies.pop(0)),
                      _tbf(ingress, veth.mtu, req.log, ticks))
         if egress is not None:
-            ifb_replies = replies.pop(0) if found is None else found[0]
-            ifb_root = replies.pop(0) if ifb_index[0] is not None else None
-            filter_replies = replies.pop(0)
+            ifb_replies, filter_replies = replies
             index = ifb.lookup(ipr, name, ifb_replies)
             if index is None:
                 raise CNIError(Code.INTERNAL, f"ifb {name} for egress shaping not found")
             if index not in tc.redirect_targets(ipr, veth.index, filter_replies):
                 raise CNIError(Code.INTERNAL,
                                f"no ingress redirect from {veth.name} to ifb {name}")
-            # (ifb_root: the tbf of ifb_index, this index; none read: asked now, alone)
-            _compare(name, tc.read_tbf(ipr, index, ifb_root),
-                     _tbf(egress, veth.mtu, req.log, ticks))
+            _compare(name, tc.read_tbf(ipr, index), _tbf(egress, veth.mtu, req.log, ticks))
 
 
 def _compare(dev: str, found, want) -> None:
