@@ -486,13 +486,12 @@ print(json.dumps(out))
 
 def test_check_and_del_cost_few_round_trips(host, pod) -> None:
     """The sockets a request makes and what it sends on them (in-process, as a daemon's
-    child): one socket, the host namespace's. Each verb asks the host for the container
-    namespace's id and the container's veth by that id (no socket in the container's
-    namespace), then one send for the host end and all that is read about it, and for CHECK
-    the ifb's tbf (its index comes with that send); DEL's two qdisc deletes. The ifb's delete
-    is linkgone's, on a socket of its own. ADD: the host end, the two tbf, the ifb's add
-    (echoed: no lookup after it, on Linux 6.3 and later) and its alias, the ingress qdisc and
-    the redirect."""
+    child): two, the container namespace's (its veth, asked where it lives: a lookup by the
+    namespace's id from the host would give the host an nsid for itself) and the host's. On
+    the host, one send for the host end and all that is read about it (for CHECK the ifb's
+    tbf too); DEL's two qdisc deletes. The ifb's delete is linkgone's, on a socket of its own.
+    ADD: the host end, the two tbf, the ifb's add (echoed: no lookup after it, on Linux 6.3
+    and later) and its alias, the ingress qdisc and the redirect."""
     import platform
     import subprocess
     import sys
@@ -506,8 +505,8 @@ def test_check_and_del_cost_few_round_trips(host, pod) -> None:
                          capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
     echoes = tuple(int(n) for n in platform.release().split(".")[:2]) >= (6, 3)
-    assert json.loads(run.stdout) == {"ADD": [1, 9 if echoes else 10], "CHECK": [1, 4],
-                                      "DEL": [1, 5]}
+    assert json.loads(run.stdout) == {"ADD": [2, 8 if echoes else 9], "CHECK": [2, 3],
+                                      "DEL": [2, 4]}
     assert_untouched(host, w)
 
 
