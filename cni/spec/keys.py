@@ -42,8 +42,7 @@ class Keys(dict[str, Any]):
 
     def __init__(self, raw: Mapping[str, Any], known: Iterable[str]) -> None:
         super().__init__()
-        names = set(known)
-        canonical = {fold(k): k for k in names}
+        names, canonical = _canonical(known)
         self.spelled: dict[str, str] = {}
         exact: set[str] = set()
         for key, value in raw.items():
@@ -66,6 +65,23 @@ class Keys(dict[str, Any]):
 
     def written(self, key: str) -> str:
         return self.spelled.get(key, key)
+
+
+_CANONICAL: dict[tuple[str, ...], tuple[frozenset[str], dict[str, str]]] = {}
+_CANONICAL_MAX = 256  # distinct sets of known names kept: the callers' constants and models
+
+
+def _canonical(known: Iterable[str]) -> tuple[frozenset[str], dict[str, str]]:
+    """The names in `known`, and each by its folded form: worked out once per set of names (a
+    config's keys are matched against the same few sets, request after request)."""
+    key = tuple(known)
+    found = _CANONICAL.get(key)
+    if found is None:
+        names = frozenset(key)
+        found = names, {fold(k): k for k in names}
+        if len(_CANONICAL) < _CANONICAL_MAX:
+            _CANONICAL[key] = found
+    return found
 
 
 def match(raw: Mapping[str, Any], known: Iterable[str]) -> Keys:

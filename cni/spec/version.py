@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from cni.spec.errors import CNIError, Code
 
 SUPPORTED: tuple[str, ...] = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
@@ -12,6 +14,11 @@ DEFAULT_IF_MISSING = "0.1.0"
 
 def parse(version: str) -> tuple[int, int, int]:
     """'1.0.0' -> (1, 0, 0); anything that is not three dot-separated numbers is code 1."""
+    return _parsed(version) if type(version) is str else _parsed.__wrapped__(version)
+
+
+@functools.lru_cache(maxsize=64)  # each request asks a few times of the same few versions
+def _parsed(version: str) -> tuple[int, int, int]:
     parts = version.split(".") if isinstance(version, str) else []
     if len(parts) != 3 or not all(p.isdigit() for p in parts):
         raise CNIError(Code.INCOMPATIBLE_VERSION, f'invalid version "{version}"')
