@@ -628,3 +628,49 @@ def test_add_failing_at_the_last_step_undoes_rules_veth_and_reservation(
     assert reservations(tmp_path) == [] and host_veths(host) == []
     assert "eth0" not in pod.links()
     assert masq_rules(host) == [] and spoof_chains(host) == []
+
+
+COUNTED_CHECK = """
+import json, os, sys
+from cni import skel
+from cni.host import netns
+from cni.host.nsfd import setns
+
+host, pod, path, stdin = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].encode()
+setns(os.open(host, os.O_RDONLY))
+sends = []
+made = netns.new_socket
+
+def counted():  # each IPRoute a request makes: count what it sends
+    ipr = made()
+    send = ipr.asyncore.send
+    ipr.asyncore.send = lambda *a, **k: (sends.append(1), send(*a, **k))[1]
+    return ipr
+
+netns.new_socket = counted
+env = {"CNI_CONTAINERID": "ctr1", "CNI_NETNS": pod, "CNI_IFNAME": "eth0", "CNI_PATH": path,
+       "CNI_COMMAND": "CHECK"}
+reply = skel.run("bridge", env, stdin)
+assert reply.code == 0, reply
+print(len(sends))
+"""
+
+
+@pytest.mark.parametrize(("ranges", "want"), [(None, 3), (DUAL, 4)])
+def test_check_reads_the_pod_veth_and_its_addresses_in_one_send(plugins, host, pod, tmp_path,
+                                                                 ranges, want) -> None:
+    """What a CHECK sends (in-process, as a daemon's child): the pod's veth and the pod's
+    addresses in one send, whatever the number of IPs; the bridge and the host end in one; a
+    route dump per route (the default route of each family)."""
+    import sys
+    from pathlib import Path
+
+    c = conf(tmp_path, ranges=ranges, isDefaultGateway=True)
+    out = plugins.ok("bridge", "ADD", c, netns=pod.path, path=ipam_path(), container_id="ctr1")
+    stdin = json.dumps(c | {"prevResult": out})
+    root = Path(__file__).resolve().parent.parent
+    counted = subprocess.run([sys.executable, "-c", COUNTED_CHECK, host.path, pod.path,
+                              ipam_path(), stdin], cwd=root, capture_output=True, text=True,
+                             check=False)
+    assert counted.returncode == 0, counted.stderr
+    assert int(counted.stdout) == want

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cni.host import addrs, links, routes, veth
+from cni.host import addrs, bridge, dumps, links, routes, veth
 
 MAC = "02:00:00:00:00:07"
 
@@ -154,3 +154,37 @@ def test_the_veth_request_is_pyroute2s(batch: Any, mtu: int, mac: str, master: i
     assert ours(lambda r: veth._add(r, "veth0123abcd", "eth0", 5, mtu, mac, master)) == \
         pyroute2s(batch, "link", "add", ifname="veth0123abcd", txqlen=0, kind="veth",
                   peer=peer, state="up", **extra)
+
+
+@pytest.mark.parametrize(("hairpin", "isolated"), [  # attach's: both, or one of them
+    (h, i) for h in (None, False, True) for i in (None, False, True) if (h, i) != (None, None)])
+def test_bridge_port_requests_are_pyroute2s(batch: Any, hairpin: bool | None,
+                                            isolated: bool | None) -> None:
+    flags: dict = {}  # as bridge.attach passed them to brport('set', ...)
+    if hairpin is not None:
+        flags["mode"] = int(hairpin)
+    if isolated is not None:
+        flags["isolated"] = int(isolated)
+    assert ours(lambda r: dumps.request(r, bridge.port_request(7, hairpin, isolated))) == \
+        pyroute2s(batch, "brport", "set", index=7, **flags)
+
+
+@pytest.mark.parametrize("mtu", [0, 1400])
+@pytest.mark.parametrize("vlan_filtering", [False, True])
+def test_the_bridge_request_is_pyroute2s(batch: Any, mtu: int, vlan_filtering: bool) -> None:
+    extra: dict = {"mtu": mtu} if mtu else {}  # as bridge._create passed them to link('add')
+    if vlan_filtering:
+        extra["br_vlan_filtering"] = 1
+    assert ours(lambda r: dumps.request(r, bridge._create_request("cni0", mtu, vlan_filtering))) \
+        == pyroute2s(batch, "link", "add", ifname="cni0", kind="bridge", **extra)
+
+
+@pytest.mark.parametrize("vid", [1, 2, 4094])
+@pytest.mark.parametrize("flags", [0, bridge.VLAN_PVID | bridge.VLAN_UNTAGGED])
+def test_vlan_filter_requests_are_pyroute2s(batch: Any, vid: int, flags: int) -> None:
+    info = {"vid": vid, "flags": flags} if flags else {"vid": vid}  # as set_vlans passed it
+    assert ours(lambda r: dumps.request(r, bridge.vlan_request(True, 7, vid, flags))) == \
+        pyroute2s(batch, "vlan_filter", "add", index=7, vlan_info=info)
+    if not flags:
+        assert ours(lambda r: dumps.request(r, bridge.vlan_request(False, 7, vid))) == \
+            pyroute2s(batch, "vlan_filter", "del", index=7, vlan_info=info)

@@ -217,9 +217,12 @@ def _link(ipr, ifname: str, index: int, missing: str) -> _Known | links.Link:
     return link
 
 
-def has(ipr, index: int, cidr: str) -> bool:
+def has(ipr, index: int, cidr: str, replies: list | None = None) -> bool:
+    """Whether the link has the address; `replies`: those of a dumps.address_request (see
+    dumps.addresses), else asked now."""
     want = ipaddress.ip_interface(cidr)
-    return any(ipaddress.ip_interface(a) == want for a in dumps.addresses(ipr, index))
+    return any(ipaddress.ip_interface(a) == want
+               for a in dumps.addresses(ipr, index, replies=replies))
 
 
 def enable_forwarding(version: int) -> None:

@@ -6,9 +6,10 @@ Error messages follow the reference plugin's wording, so logs read the same afte
 from __future__ import annotations
 
 import errno
+import socket
 import time
 
-from cni.host import links, sysctl, veth
+from cni.host import dumps, links, sysctl, veth
 from cni.host.errors import HostError
 
 VLAN_PVID = 0x2
@@ -51,11 +52,8 @@ def _create(ipr, name: str, mtu: int, vlan_filtering: bool) -> None:
     meanwhile (EEXIST) is fine."""
     from pyroute2 import NetlinkError
 
-    extra: dict = {"mtu": mtu} if mtu else {}
-    if vlan_filtering:
-        extra["br_vlan_filtering"] = 1
     try:
-        ipr.link("add", ifname=name, kind="bridge", **extra)
+        dumps.request(ipr, _create_request(name, mtu, vlan_filtering))
     except NetlinkError as e:
         if e.code == errno.EOPNOTSUPP and vlan_filtering:
             raise _err(f"failed to create bridge {name!r}: could not add {name!r}: "
@@ -63,6 +61,23 @@ def _create(ipr, name: str, mtu: int, vlan_filtering: bool) -> None:
         if e.code != errno.EEXIST:
             raise _err(f"failed to create bridge {name!r}: could not add {name!r}: "
                        f"{e.args[1] if len(e.args) > 1 else e}") from None
+
+
+def _create_request(name: str, mtu: int, vlan_filtering: bool):
+    """pyroute2's ifinfmsg as link('add', ifname=name, kind='bridge'[, mtu=mtu]
+    [, br_vlan_filtering=1]) builds it (its request filters cost ~0.1 ms): NLM_F_CREATE |
+    NLM_F_EXCL, so a name that is taken is EEXIST."""
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_NEWLINK
+
+    info: list[list] = [["IFLA_INFO_KIND", "bridge"]]
+    if vlan_filtering:
+        info.append(["IFLA_INFO_DATA", {"attrs": [["IFLA_BR_VLAN_FILTERING", 1]]}])
+    attrs = (("IFLA_MTU", mtu),) if mtu else ()
+    msg = links.message(RTM_NEWLINK, ifname=name,
+                         attrs=(*attrs, ("IFLA_LINKINFO", {"attrs": info})))
+    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+    return msg
 
 
 def by_name(ipr, name: str, replies: list | None = None) -> links.Link:
@@ -101,18 +116,35 @@ def attach(port: str, bridge: links.Link, hairpin: bool, isolated: bool,
         except Exception as e:
             raise _err(f'failed to connect "{port}" to bridge {bridge.name}: {e}') from None
         try:  # both flags in one request (IFLA_BRPORT_MODE is hairpin)
-            ipr.brport("set", index=index, mode=int(hairpin), isolated=int(isolated))
+            dumps.request(ipr, port_request(index, hairpin=hairpin, isolated=isolated))
             return
         except Exception:
             pass  # one at a time, so that the error names the flag the kernel refused
         try:
-            ipr.brport("set", index=index, mode=int(hairpin))
+            dumps.request(ipr, port_request(index, hairpin=hairpin))
         except Exception as e:
             raise _err(f"failed to setup hairpin mode for {port}: {e}") from None
         try:
-            ipr.brport("set", index=index, isolated=int(isolated))
+            dumps.request(ipr, port_request(index, isolated=isolated))
         except Exception as e:
             raise _err(f"failed to set isolated on {port}: {e}") from None
+
+
+def port_request(index: int, hairpin: bool | None = None, isolated: bool | None = None):
+    """pyroute2's ifinfmsg as brport('set', index=index[, mode=int(hairpin)]
+    [, isolated=int(isolated)]) builds it (a link('set', kind='bridge_slave', ...): its
+    request filters cost ~0.1 ms): the port's IFLA_BRPORT_MODE (hairpin) and
+    IFLA_BRPORT_ISOLATED, those given."""
+    from pyroute2.netlink.rtnl import RTM_NEWLINK
+
+    data = []
+    if hairpin is not None:
+        data.append(["IFLA_BRPORT_MODE", int(hairpin)])
+    if isolated is not None:
+        data.append(["IFLA_BRPORT_ISOLATED", int(isolated)])
+    info = {"attrs": [["IFLA_INFO_KIND", "bridge_slave"],
+                      ["IFLA_INFO_SLAVE_DATA", {"attrs": data}]]}
+    return links.message(RTM_NEWLINK, index, attrs=(("IFLA_LINKINFO", info),))
 
 
 def set_vlans(port: str, vlan: int, trunk: list[int], preserve_default: bool) -> None:
@@ -128,18 +160,30 @@ def set_vlans(port: str, vlan: int, trunk: list[int], preserve_default: bool) ->
         if not preserve_default:
             for entry in port_vlans(ipr, link.index):
                 try:
-                    ipr.vlan_filter("del", index=link.index, vlan_info={"vid": entry["vid"]})
+                    dumps.request(ipr, vlan_request(False, link.index, entry["vid"]))
                 except Exception as e:
                     raise _err(f'failed to remove default vlan on interface "{port}": '
                                f"{e}") from None
         try:
             if vlan:
-                ipr.vlan_filter("add", index=link.index,
-                                vlan_info={"vid": vlan, "flags": VLAN_PVID | VLAN_UNTAGGED})
+                dumps.request(ipr, vlan_request(True, link.index, vlan,
+                                                VLAN_PVID | VLAN_UNTAGGED))
             for vid in trunk:
-                ipr.vlan_filter("add", index=link.index, vlan_info={"vid": vid})
+                dumps.request(ipr, vlan_request(True, link.index, vid))
         except Exception as e:
             raise _err(f'failed to setup vlan tag on interface "{port}": {e}') from None
+
+
+def vlan_request(add: bool, index: int, vid: int, flags: int = 0):
+    """pyroute2's ifinfmsg as vlan_filter('add' if add else 'del', index=index,
+    vlan_info={'vid': vid[, 'flags': flags]}) builds it (its request filters cost ~0.1 ms):
+    an AF_BRIDGE RTM_SETLINK / RTM_DELLINK with the port's IFLA_BRIDGE_VLAN_INFO."""
+    from pyroute2.netlink.rtnl import RTM_DELLINK, RTM_SETLINK
+
+    msg = links.message(RTM_SETLINK if add else RTM_DELLINK, index, attrs=(
+        ("IFLA_AF_SPEC", {"attrs": [["IFLA_BRIDGE_VLAN_INFO", {"flags": flags, "vid": vid}]]}),))
+    msg["family"] = socket.AF_BRIDGE
+    return msg
 
 
 def port_vlans(ipr, index: int) -> list[dict]:

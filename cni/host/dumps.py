@@ -87,18 +87,18 @@ def address_entries(ipr: IPRoute, index: int, family: int) -> list[tuple[str, in
 
 def together(ipr: IPRoute, requests: list[Any]) -> list[list[Any]]:
     """Several read requests (built complete, header type and flags set: links.get_request,
-    qdisc_request, filters_request) in one send; -> each request's replies, in the order
-    asked: the messages of its answer type (RTM_NEWLINK for an RTM_GETLINK, ...). A request
-    the kernel refused (a link that is not there: ENODEV, ...) has no replies, as one that
-    found nothing: pyroute2 drops the error (noraise) after cleaning up after the request. So
-    a caller that finds no reply asks that one again alone, and gets what the single request
+    qdisc_request, filters_request, address_request) in one send; -> each request's replies, in
+    the order asked: the messages of its answer type (RTM_NEWLINK for an RTM_GETLINK, ...). A
+    request the kernel refused (a link that is not there: ENODEV, ...) has no replies, as one
+    that found nothing: pyroute2 drops the error (noraise) after cleaning up after the request.
+    So a caller that finds no reply asks that one again alone, and gets what the single request
     gives (None, or the error raised): the batch never changes a decision, it only saves the
     round trips of the usual case. At most one dump per batch (the kernel runs one dump at a
     time on a socket), last."""
     from pyroute2.netlink import rtnl
 
     answer = {rtnl.RTM_GETLINK: rtnl.RTM_NEWLINK, rtnl.RTM_GETQDISC: rtnl.RTM_NEWQDISC,
-              rtnl.RTM_GETTFILTER: rtnl.RTM_NEWTFILTER}
+              rtnl.RTM_GETTFILTER: rtnl.RTM_NEWTFILTER, rtnl.RTM_GETADDR: rtnl.RTM_NEWADDR}
     wanted = [answer[r["header"]["type"]] for r in requests]  # (a KeyError: not a read here)
     replies = ipr.nlm_request_batch(requests, noraise=True)
     # NetlinkRequest numbered each request's header in place; replies carry that number.

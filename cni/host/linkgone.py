@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from cni.host import netns
+from cni.host import links, netns
 
 if TYPE_CHECKING:
     from pyroute2 import IPRoute
@@ -46,7 +46,7 @@ def remove(ipr: IPRoute, index: int, peer: tuple[IPRoute, int] | None = None) ->
     try:
         sender, watched = _sockets(ipr, index, peer)
     except OSError:  # no SIOCGSKNS (Linux < 4.9), no socket to be had: a plain delete
-        ipr.link("del", index=index)
+        links.remove(ipr, index)  # pyroute2 link("del", index=index)'s request
         return
     listeners = [sock for sock, _ in watched]
     request = _delete_request(index)

@@ -27,7 +27,7 @@ def set_loopback(target: int | str, up: bool) -> list[str]:
     from pyroute2 import NetlinkError
     from pyroute2.netlink.rtnl import RTM_NEWLINK
 
-    set_lo = _message(RTM_NEWLINK, ifname="lo", flags=IFF_UP if up else 0, change=IFF_UP)
+    set_lo = message(RTM_NEWLINK, ifname="lo", flags=IFF_UP if up else 0, change=IFF_UP)
     with netns.entered(target), netns.iproute() as ipr:
         try:
             if not up:
@@ -128,7 +128,7 @@ def from_message(msg: Any, port_state: bool = False) -> Link:
     )
 
 
-def _message(msg_type: int, index: int = 0, ifname: str | None = None, flags: int = 0,
+def message(msg_type: int, index: int = 0, ifname: str | None = None, flags: int = 0,
              change: int = 0, attrs: tuple[tuple[str, Any], ...] = ()) -> Any:
     """pyroute2's ifinfmsg of a link request as link(...) builds it, an ACK asked for: the
     link by index, or by name (IFLA_IFNAME), with the IFF_* `flags` of mask `change` and the
@@ -153,7 +153,7 @@ def _set(ipr: IPRoute, index: int = 0, ifname: str | None = None, flags: int = 0
     """link('set', ...): an RTM_NEWLINK of the link, with an ACK."""
     from pyroute2.netlink.rtnl import RTM_NEWLINK
 
-    dumps.request(ipr, _message(RTM_NEWLINK, index, ifname, flags, change, attrs))
+    dumps.request(ipr, message(RTM_NEWLINK, index, ifname, flags, change, attrs))
 
 
 def _reply(ipr: IPRoute, index: int = 0, ifname: str | None = None) -> Any:
@@ -180,7 +180,7 @@ def get_request(index: int = 0, ifname: str | None = None) -> Any:
     dumps.together: its replies go to get or by_index as `replies`."""
     from pyroute2.netlink.rtnl import RTM_GETLINK
 
-    return _message(RTM_GETLINK, index, ifname)
+    return message(RTM_GETLINK, index, ifname)
 
 
 def get(ipr: IPRoute, name: str, port_state: bool = False,
@@ -241,7 +241,7 @@ def set_master(ipr: IPRoute, index: int, master: int) -> None:
 def remove(ipr: IPRoute, index: int) -> None:
     from pyroute2.netlink.rtnl import RTM_DELLINK
 
-    dumps.request(ipr, _message(RTM_DELLINK, index))
+    dumps.request(ipr, message(RTM_DELLINK, index))
 
 
 def delete(ipr: IPRoute, name: str) -> bool:

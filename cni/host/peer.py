@@ -24,10 +24,11 @@ class HostVeth(NamedTuple):
     mtu: int
 
 
-def container_veth(target: int | str, ifname: str) -> links.Link:
-    """The veth named ifname in the container namespace `target`."""
+def container_veth(target: int | str, ifname: str, replies: list | None = None) -> links.Link:
+    """The veth named ifname in the container namespace `target`; `replies`: those of a
+    links.get_request(ifname=ifname) sent there in a dumps.together batch (see links.get)."""
     with netns.iproute(target) as ipr:
-        link = links.get(ipr, ifname)
+        link = links.get(ipr, ifname, replies=replies)
     if link is None:
         raise PeerError(f"container interface {ifname} not found")
     if link.kind != "veth" or not link.peer_index:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -400,7 +401,7 @@ def check(req: Request) -> None:
         raise CNIError(Code.INTERNAL, f"interface {req.ifname} in {req.netns} not found in "
                        "prevResult")
 
-    br, cont, host_end = _check_links(conf, req, br_entry)
+    br, cont, host_end, cont_addresses = _check_links(conf, req, br_entry)
     if cont_entry.get("mac") and cont.mac != cont_entry["mac"].lower():
         raise CNIError(Code.INTERNAL, f"Interface {req.ifname} Mac {cont_entry['mac']} doesn't "
                        f"match container Mac: {cont.mac}")
@@ -413,7 +414,7 @@ def check(req: Request) -> None:
 
     with netns.iproute(req.netns_target) as cipr:
         for ipc in prev.get("ips", []):
-            if not addrs.has(cipr, cont.index, ipc["address"]):
+            if not addrs.has(cipr, cont.index, ipc["address"], cont_addresses):
                 raise CNIError(Code.INTERNAL, f"Failed to match addr {ipc['address']} on "
                                f"interface {req.ifname}")
         for route in prev.get("routes", []):
@@ -432,16 +433,28 @@ def check(req: Request) -> None:
 
 
 def _check_links(conf: NetConf, req: Request, br_entry: dict
-                 ) -> tuple[links.Link, links.Link, links.Link | None]:
-    """The bridge (checked against its prevResult entry), the container veth and its host end
-    (None: not there, or not its peer). The container veth is read first, then the bridge and
-    the host end in one send (dumps.together): the bridge's errors still come first."""
+                 ) -> tuple[links.Link, links.Link, links.Link | None, list | None]:
+    """The bridge (checked against its prevResult entry), the container veth, its host end
+    (None: not there, or not its peer) and the replies of the container namespace's address
+    dump, for addrs.has (None: ask again then). The container veth and that dump are read in
+    one send (dumps.together), then the bridge and the host end in another: the bridge's
+    errors still come first. The dump is of the whole pod namespace (its lo's addresses too),
+    since the veth's index is not known before the lookup's answer, of the IPs' family when
+    they are all of one; addrs.has takes the veth's own. None of the pod's addresses: asked
+    again then, alone, as before; no dump when prevResult has no IPs to check."""
     from cni.host import dumps
 
     try:
-        cont, failed = peer.container_veth(req.netns_target, req.ifname), None
+        asked = [links.get_request(ifname=req.ifname)]
+        ips = (req.prev_result or {}).get("ips", [])
+        if ips:
+            asked.append(dumps.address_request(0, _family_of(ips)))
+        with netns.iproute(req.netns_target) as cipr:
+            read = dumps.together(cipr, asked)
+        cont, failed = peer.container_veth(req.netns_target, req.ifname, read[0]), None
+        addresses = (read[1] or None) if len(read) > 1 else None
     except Exception as e:  # reported after the bridge's own errors, as before
-        cont, failed = None, e
+        cont, failed, addresses = None, e, None
     with netns.iproute() as ipr:
         asked = [links.get_request(ifname=conf.bridge)]
         if cont is not None:
@@ -451,7 +464,20 @@ def _check_links(conf: NetConf, req: Request, br_entry: dict
         if cont is None:
             raise failed  # type: ignore[misc]
         host_end = peer.points_back(cont, links.by_index(ipr, cont.peer_index, replies[1]))
-    return br, cont, host_end
+    return br, cont, host_end, addresses
+
+
+def _family_of(ips: list[dict]) -> int:
+    """AF_INET or AF_INET6 when the prevResult's IPs are all of that family (only those
+    addresses to decode), else AF_UNSPEC (all; also for an address that does not parse: check
+    says so later, as before)."""
+    try:
+        versions = {ipaddress.ip_interface(ip["address"]).version for ip in ips}
+    except (KeyError, TypeError, ValueError):
+        return socket.AF_UNSPEC
+    if versions == {4}:
+        return socket.AF_INET
+    return socket.AF_INET6 if versions == {6} else socket.AF_UNSPEC
 
 
 def check_bridge(conf: NetConf, entry: dict, br: links.Link | None = None) -> links.Link:
