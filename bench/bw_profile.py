@@ -36,6 +36,8 @@ from pathlib import Path
 ROOT = Path(os.environ.get("PYCNI_BWPROF_ROOT") or Path(__file__).resolve().parent.parent)
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]
 
+from world import become_spare_like  # noqa: E402
+
 CRIO_RUNTIME = {
     "bandwidth": {"ingressRate": 100_000_000, "ingressBurst": 34359738359,
                   "egressRate": 100_000_000, "egressBurst": 34359738359},
@@ -62,20 +64,9 @@ def main() -> None:
                         help="CPU per step (patched functions), medians per verb")
     opts = parser.parse_args()
 
-    from cni.host import nsfd
-
-    if nsfd.libc().unshare(nsfd.CLONE_NEWNET) != 0:
-        raise SystemExit("unshare(CLONE_NEWNET) failed: run as root")
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    become_spare_like()
     from cni.fast import preload
 
-    preload.preimport()
-    preload.warm_up()
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    gc.disable()
     preload.keep_home_sockets()
     from cni import skel
 

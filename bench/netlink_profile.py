@@ -30,7 +30,9 @@ from typing import Any
 # PYCNI_NLPROF_ROOT: another checkout's code (a before/after of the whole verbs' times; the
 # per-call table needs this one's netns.new_socket).
 ROOT = Path(os.environ.get("PYCNI_NLPROF_ROOT") or Path(__file__).resolve().parent.parent)
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]
+
+from world import become_spare_like  # noqa: E402
 
 Call = tuple[str, float]  # what, milliseconds
 _calls: list[Call] = []
@@ -134,23 +136,9 @@ def main() -> None:
                         " namespace")
     opts = parser.parse_args()
 
-    from cni.host import nsfd
-
-    if nsfd.libc().unshare(nsfd.CLONE_NEWNET) != 0:
-        raise SystemExit("unshare(CLONE_NEWNET) failed: run as root")
+    become_spare_like()  # (as the daemon before it forks, and its spares: gc.disable)
     st = os.stat("/proc/thread-self/ns/net")
     _HOME = (st.st_dev, st.st_ino)
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-
-    from cni.fast import preload
-
-    preload.preimport()
-    preload.warm_up()
-    import gc  # as the daemon before it forks, and its spares (gc.disable)
-
-    gc.collect()
-    gc.freeze()
-    gc.disable()
     _install()
     if opts.kept:
         from cni.host import netns, nftrecord

@@ -34,6 +34,25 @@ def enter_private_mounts(also: tuple[tuple[str, str], ...] = ()) -> None:
                        check=True)
 
 
+def become_spare_like() -> None:
+    """This process as a daemon's spare is when a request comes (for in-process profiles of the
+    verbs): in a throwaway network namespace of its own (lo up), everything a spare has imported
+    and warmed, what that made frozen and collection off."""
+    import gc
+
+    from cni.fast import preload
+    from cni.host import nsfd
+
+    if nsfd.libc().unshare(nsfd.CLONE_NEWNET) != 0:
+        raise SystemExit("unshare(CLONE_NEWNET) failed: run as root")
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    preload.preimport()
+    preload.warm_up()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+
+
 def our_bin(tmp: Path) -> tuple[Path, str]:
     """What `pycni install` writes (direct #! to the venv python), else the repo's bin/."""
     try:

@@ -41,11 +41,17 @@ print("ok")
 """
 
 
-def test_a_kept_socket_serves_its_namespace_and_outlives_the_request(host, pod) -> None:
-    out = subprocess.run([sys.executable, "-c", KEPT, host.path, pod.path], cwd=ROOT,
+def _script_says_ok(script: str, *args: str) -> None:
+    """Run `script` in a fresh interpreter (a process of its own, as a spare is) and require
+    that it printed ok and nothing else."""
+    out = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT,
                          capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["ok"]
+
+
+def test_a_kept_socket_serves_its_namespace_and_outlives_the_request(host, pod) -> None:
+    _script_says_ok(KEPT, host.path, pod.path)
 
 
 def test_sockets_live_in_the_namespace_they_are_asked_for(host, pod) -> None:
@@ -89,10 +95,7 @@ def test_kept_nft_sockets_answer_in_their_namespace_only(host, pod) -> None:
     listed = host.run("nft", "-a", "list", "chain", "inet", "pycni_kept", "c").stdout
     handle = next(int(line.split("# handle ")[1]) for line in listed.splitlines()
                   if "kept rule" in line)
-    out = subprocess.run([sys.executable, "-c", KEPT_NFT, host.path, pod.path, str(handle)],
-                         cwd=ROOT, capture_output=True, text=True, check=False)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["ok"]
+    _script_says_ok(KEPT_NFT, host.path, pod.path, str(handle))
 
 
 KEPT_LOOP = """
@@ -138,7 +141,4 @@ print("ok")
 
 
 def test_a_kept_event_loop_serves_request_after_request_and_keeps_nothing(host, pod) -> None:
-    out = subprocess.run([sys.executable, "-c", KEPT_LOOP, host.path, pod.path], cwd=ROOT,
-                         capture_output=True, text=True, check=False)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["ok"]
+    _script_says_ok(KEPT_LOOP, host.path, pod.path)
