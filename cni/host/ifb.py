@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cni.host import links
+from cni.host import dumps, links
 from cni.host.errors import HostError
 
 if TYPE_CHECKING:
@@ -39,14 +39,14 @@ def create(ipr: IPRoute, name: str, mtu: int, network: str, container_id: str) -
     bare ACK, and they are asked for by name, as they always were. (up keeps the MAC.)"""
     from pyroute2.netlink.rtnl import RTM_NEWLINK
 
-    replies = ipr.nlm_request_batch([add_message(name, mtu)])
+    replies = dumps.request(ipr, add_message(name, mtu))
     echoed = [m for m in replies if m["header"]["type"] == RTM_NEWLINK]
     link = links.get(ipr, name, replies=echoed or None)
     if link is None:
         raise HostError(f"ifb {name} vanished right after it was created")
     index = link.index
     try:
-        ipr.nlm_request_batch([mark_message(index, alias_for(network, container_id))])
+        dumps.request(ipr, mark_message(index, alias_for(network, container_id)))
     except Exception:
         links.remove(ipr, index)
         raise
@@ -55,35 +55,27 @@ def create(ipr: IPRoute, name: str, mtu: int, network: str, container_id: str) -
 
 # The two requests create() sends are the messages pyroute2's link() builds for the same calls
 # (the tests compare their bytes: tests/test_bandwidth.py), built here as its ifinfmsg and sent
-# with nlm_request_batch: link()'s argument processing and request filters cost ~0.1 ms a call.
+# with dumps.request: link()'s argument processing and request filters cost ~0.1 ms a call.
 
 def add_message(name: str, mtu: int) -> Any:
     """link((RTM_NEWLINK, create|exclusive|echo), ifname=name, kind="ifb", mtu=mtu,
     txqlen=0)'s request: link()'s "add", echoed."""
     from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_ECHO, NLM_F_EXCL, NLM_F_REQUEST
     from pyroute2.netlink.rtnl import RTM_NEWLINK
-    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
-    msg = ifinfmsg()
-    msg["attrs"] = [["IFLA_IFNAME", name], ["IFLA_MTU", mtu], ["IFLA_TXQLEN", 0],
-                    ["IFLA_LINKINFO", {"attrs": [["IFLA_INFO_KIND", "ifb"]]}]]
-    msg["header"]["type"] = RTM_NEWLINK
+    msg = links.message(RTM_NEWLINK, ifname=name, attrs=(
+        ("IFLA_MTU", mtu), ("IFLA_TXQLEN", 0),
+        ("IFLA_LINKINFO", {"attrs": [["IFLA_INFO_KIND", "ifb"]]})))
     msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL | NLM_F_ECHO
     return msg
 
 
 def mark_message(index: int, alias: str) -> Any:
     """link("set", index=index, ifalias=alias, state="up")'s request."""
-    from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
     from pyroute2.netlink.rtnl import RTM_NEWLINK
-    from pyroute2.netlink.rtnl.ifinfmsg import IFF_UP, ifinfmsg
 
-    msg = ifinfmsg()
-    msg["index"], msg["flags"], msg["change"] = index, IFF_UP, IFF_UP
-    msg["attrs"] = [["IFLA_IFALIAS", alias]]
-    msg["header"]["type"] = RTM_NEWLINK
-    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
-    return msg
+    return links.message(RTM_NEWLINK, index, flags=links.IFF_UP, change=links.IFF_UP,
+                         attrs=(("IFLA_IFALIAS", alias),))
 
 
 def lookup(ipr: IPRoute, name: str, replies: list | None = None) -> int | None:

@@ -220,7 +220,7 @@ def add_tbf(ipr: IPRoute, index: int, tbf: Tbf) -> None:
     msg["attrs"] = [["TCA_KIND", "tbf"], ["TCA_OPTIONS", {"attrs": options}]]
     msg["header"]["type"] = RTM_NEWQDISC
     msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
-    ipr.nlm_request_batch([msg])
+    dumps.request(ipr, msg)
 
 
 def read_tbf(ipr: IPRoute, index: int, replies: list[Any] | None = None) -> Tbf | None:
@@ -248,26 +248,20 @@ def has_ingress(ipr: IPRoute, index: int) -> bool:
 
 def add_ingress(ipr: IPRoute, index: int) -> None:
     """The ingress qdisc (ffff:) on the link."""
-    _send(ipr, ingress_message(index, delete=False))
+    dumps.request(ipr, ingress_message(index, delete=False))
 
 
 def add_redirect(ipr: IPRoute, index: int, target: int) -> None:
     """Match-all u32 filter on the link's ingress: redirect every packet to `target`'s egress
     (prio 1, protocol all, classid 1:1, one key 0x0/0x0 at 0, terminal; mirred egress redirect,
     stolen)."""
-    _send(ipr, redirect_message(index, target))
+    dumps.request(ipr, redirect_message(index, target))
 
 
 # The requests below are the messages pyroute2's tc() builds for the same calls (the tests
 # compare their bytes: tests/test_bandwidth.py), built here as pyroute2's tcmsg with its own
-# encoders (cls_u32) and sent with nlm_request_batch: tc()'s argument processing and request
+# encoders (cls_u32) and sent with dumps.request: tc()'s argument processing and request
 # filters cost ~0.1 ms a call, and its u32 path computes a policer's rate tables it never sends.
-
-def _send(ipr: IPRoute, msg: Any) -> None:
-    """One prebuilt request (header type and flags set), its ACK awaited; a kernel error is
-    pyroute2's NetlinkError, as tc() raises it."""
-    ipr.nlm_request_batch([msg])
-
 
 def _tcmsg(msg_type: int, flags: int, index: int, handle: int, parent: int,
            attrs: list[list[Any]]) -> Any:
@@ -365,12 +359,12 @@ def ingress_is_for(ipr: IPRoute, index: int, target: int,
 
 def delete_root(ipr: IPRoute, index: int) -> None:
     """Remove the root qdisc (the kernel puts the default back); none is fine."""
-    _ignore_missing(lambda: _send(ipr, root_delete_message(index)))
+    _ignore_missing(lambda: dumps.request(ipr, root_delete_message(index)))
 
 
 def delete_ingress(ipr: IPRoute, index: int) -> None:
     """Remove the ingress qdisc and its filters; none is fine."""
-    _ignore_missing(lambda: _send(ipr, ingress_message(index, delete=True)))
+    _ignore_missing(lambda: dumps.request(ipr, ingress_message(index, delete=True)))
 
 
 def _ignore_missing(call) -> None:
