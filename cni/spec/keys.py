@@ -15,6 +15,7 @@ Stdlib only: skel imports this before VERSION is answered.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -67,21 +68,15 @@ class Keys(dict[str, Any]):
         return self.spelled.get(key, key)
 
 
-_CANONICAL: dict[tuple[str, ...], tuple[frozenset[str], dict[str, str]]] = {}
-_CANONICAL_MAX = 256  # distinct sets of known names kept: the callers' constants and models
-
-
 def _canonical(known: Iterable[str]) -> tuple[frozenset[str], dict[str, str]]:
     """The names in `known`, and each by its folded form: worked out once per set of names (a
     config's keys are matched against the same few sets, request after request)."""
-    key = tuple(known)
-    found = _CANONICAL.get(key)
-    if found is None:
-        names = frozenset(key)
-        found = names, {fold(k): k for k in names}
-        if len(_CANONICAL) < _CANONICAL_MAX:
-            _CANONICAL[key] = found
-    return found
+    return _canonical_of(tuple(known))
+
+
+@functools.lru_cache(maxsize=256)  # distinct sets of known names: the callers' constants, models
+def _canonical_of(names: tuple[str, ...]) -> tuple[frozenset[str], dict[str, str]]:
+    return frozenset(names), {fold(k): k for k in frozenset(names)}
 
 
 def match(raw: Mapping[str, Any], known: Iterable[str]) -> Keys:
