@@ -145,11 +145,14 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None,
         home = Home.here(() if first is None else (first[0].fileno(), *first[2]))
         if os.sched_getscheduler(0) != os.SCHED_OTHER:
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        if runner is None:  # once: not on each request's path (importlib's _handle_fromlist)
+            runner = plugin_runner()
+        ready = SPARE_READY + _PID.pack(os.getpid())
         job = first
         for served in range(1, MAX_SERVED + 1):
             if job is None:
                 try:
-                    ctl.sendall(SPARE_READY + _PID.pack(os.getpid()))
+                    ctl.sendall(ready)
                 except OSError:
                     os._exit(EXIT_ANSWERED)  # the daemon retired us, or it stopped
                 set_name(SPARE)  # after READY: until the parent has it, our name says DONE
@@ -211,11 +214,7 @@ def run_request(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes
             conn.sendall(proto.encode_reply(1, out, b""))
             return EXIT_ANSWERED
         if runner is None:
-            from cni import skel
-            from cni.host import conntrack
-
-            conntrack.linger_after_reply()  # closed after the reply (see conntrack)
-            runner = skel.run
+            runner = plugin_runner()
         # The attachment's lock: given up a little before the parent's kill at `timeout`
         reply = attachlock.run(runner, plugin, env, stdin, netns_fd(by_role),
                                wait=max(timeout - 1.0, timeout / 2))
@@ -230,6 +229,15 @@ def run_request(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes
         conn.close()
         close_all(fds)
     return code
+
+
+def plugin_runner() -> Runner:
+    """skel.run, for a process that replies before it is done."""
+    from cni import skel
+    from cni.host import conntrack
+
+    conntrack.linger_after_reply()  # closed after the reply (see conntrack)
+    return skel.run
 
 
 FdId = tuple[int, int, int]  # what an open fd is: st_dev, st_ino, file type
@@ -465,11 +473,14 @@ def setns_mnt(fd: int) -> None:
         time.sleep(0.0002)
 
 
+_PRIORITY_0 = os.sched_param(0)  # (made once: two a request)
+
+
 def _set_policy(policy: int) -> bool:
     if os.geteuid() != 0:  # back from SCHED_IDLE needs CAP_SYS_NICE: stay as we are
         return False
     try:
-        os.sched_setscheduler(0, policy, os.sched_param(0))
+        os.sched_setscheduler(0, policy, _PRIORITY_0)
     except OSError:
         return False
     return True
