@@ -26,7 +26,7 @@ from cni import __version__, registry  # __version__ bound at start: the one thi
 from cni.fast import attachlock
 from cni.fast import protocol as proto
 from cni.fast.child import EXIT_ANSWERED, EXIT_NOT_STARTED, Runner, run_child
-from cni.fast.fds import accepted, close_all, drain, fds_from, peer_gone, send_quietly
+from cni.fast.fds import accept_one, close_all, drain, fds_from, peer_gone, send_quietly
 from cni.fast.handover import Handover
 from cni.fast.listener import inode, sd_notify, sock_name
 from cni.fast.pool import SparePool
@@ -39,6 +39,7 @@ _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 LOOP_TICK = 5.0  # seconds the loop sleeps at most with nothing due (it has nothing periodic)
 ANSWER_TIMEOUT = 1.0  # for an error reply sent for a child (its caller reads it, or is gone)
 # What the parent reads of a request's environment (its child decodes the whole of it)
+_RECV_FLAGS = socket.MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT
 _ENV_READ = ("CNI_CONTAINERID", "CNI_COMMAND", "CNI_IFNAME", attachlock.ENV)
 
 
@@ -169,38 +170,43 @@ class Server:
 
     # Connections ------------------------------------------------------------------------------
     def _accept(self, listener: socket.socket) -> None:
-        for conn in accepted(listener):
-            pid, uid, _gid = _CRED.unpack(
-                conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
-            if len(self.pending) >= self.opts.max_pending:
-                self._drop(next(iter(self.pending)))  # the oldest: most likely idle
-            p = Pending(conn, time.monotonic() + self.opts.read_timeout, peer=pid)
-            if uid != 0:
-                log.warning("refused a connection from pid %d uid %d (root only)", pid, uid)
-                p.refused = f"the pycni daemon serves root only (peer uid {uid})"
-            fd = conn.fileno()
-            self.pending[fd] = p
-            # The shim sends its request right after connect: it is usually here already, and
-            # reading it now saves a trip around the loop (select, reap, expire, ...); the
-            # connection is watched only if it is still arriving.
+        """One connection a wake: the selector is level-triggered, so with more waiting the
+        next select returns at once; a caller alone (the common case) saves an accept that
+        fails (EAGAIN)."""
+        conn = accept_one(listener)
+        if conn is None:
+            return
+        pid, uid, _gid = _CRED.unpack(
+            conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+        if len(self.pending) >= self.opts.max_pending:
+            self._drop(next(iter(self.pending)))  # the oldest: most likely idle
+        p = Pending(conn, time.monotonic() + self.opts.read_timeout, peer=pid)
+        if uid != 0:
+            log.warning("refused a connection from pid %d uid %d (root only)", pid, uid)
+            p.refused = f"the pycni daemon serves root only (peer uid {uid})"
+        fd = conn.fileno()
+        self.pending[fd] = p
+        # The shim sends its request right after connect: it is usually here already, and
+        # reading it now saves a trip around the loop (select, reap, expire, ...); the
+        # connection is watched only if it is still arriving.
+        self._read(conn)
+        if fd in self.pending and not p.buf:
+            # Not sent yet: its connect woke us, and we most often took the CPU from the
+            # shim between its connect and its send (it asks who listens first). Let it
+            # run on and send: the request is then read here, not after a turn of the loop
+            # (select, the bookkeeping, register and unregister: ~80 us of CPU a request).
+            os.sched_yield()
             self._read(conn)
-            if fd in self.pending and not p.buf:
-                # Not sent yet: its connect woke us, and we most often took the CPU from the
-                # shim between its connect and its send (it asks who listens first). Let it
-                # run on and send: the request is then read here, not after a turn of the loop
-                # (select, the bookkeeping, register and unregister: ~80 us of CPU a request).
-                os.sched_yield()
-                self._read(conn)
-            if fd in self.pending:
-                self.sel.register(conn, selectors.EVENT_READ, self._read)
-                p.watched = True
+        if fd in self.pending:
+            self.sel.register(conn, selectors.EVENT_READ, self._read)
+            p.watched = True
 
     def _read(self, conn: socket.socket) -> None:
         fd = conn.fileno()
         p = self.pending[fd]
         try:
             data, anc, flags, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(4 * proto.MAX_FDS),
-                                               socket.MSG_CMSG_CLOEXEC)
+                                               _RECV_FLAGS)  # (a blocking socket: accept_one)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
