@@ -254,9 +254,10 @@ class SparePool:
         forked here only while no request runs. Spares serving a request count: they come
         back (a pod's next plugin finds the other one)."""
         have = len(self.spares) + self.ordered
+        if self.stopping or have >= self.opts.spares:  # (most turns: no count of the idle)
+            return False
         idle = have - sum(s.serving for s in self.spares.values())
-        return (not self.stopping and have < self.opts.spares
-                and running + idle < self.opts.max_children
+        return (running + idle < self.opts.max_children
                 and (self.zygote is not None or not (queued or running)))
 
     def _refill(self, running: int, queued: bool) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import selectors
 import signal
@@ -64,7 +65,9 @@ class Server:
         # attachment -> pids of its running jobs: one, plus the nested calls it made itself
         self.busy: dict[tuple[str, str], set[int]] = {}
         self.stopping = False
-        self.drain_deadline = float("inf")  # set by stop(): every accepted request ends by it
+        self.drain_deadline = math.inf  # set by stop(): every accepted request ends by it
+        # no read or job deadline comes before this (_next_timeout; lowered as they are added)
+        self.expires = math.inf
         self.signals = 0  # SIGTERM/SIGINT seen; acted on in the loop, never inside the handler
         self.children_exited = True  # a SIGCHLD since the last _reap (at first: not known)
         self.wake_r, self.wake_w = socket.socketpair()
@@ -89,26 +92,43 @@ class Server:
         while not (self.stopping and not (self.jobs or self.pending or self.queue)):
             for key, _ in self.sel.select(self._next_timeout()):
                 key.data(key.fileobj)
-            for pid in self.pool.take_back():
-                self._spare_back(pid)
-            self._handle_signals()
-            self._reap()
+            # The rest of a turn, each part when its cause is there (a wake is mostly one
+            # event: a connection, a caller hanging up, a spare back)
+            if self.pool.back:
+                for pid in self.pool.take_back():
+                    self._spare_back(pid)
+            if self.signals:
+                self._handle_signals()
+            if self.children_exited:
+                self._reap()
             self._expire()
             if self.metrics:
                 self.metrics.expire()
-            self._start_queued()
+            if self.queue:
+                self._start_queued()
             self.pool.tend(len(self.jobs), bool(self.queue))
         self._close_listener()
         log.info("pycni daemon %d stopped", os.getpid())
 
     def _next_timeout(self) -> float:
-        deadlines = [p.deadline for p in self.pending.values()]
-        deadlines += [j.deadline for j in self.jobs.values() if not j.timed_out]
-        # when a request waiting for a spare stops waiting (the pool's rule)
-        deadlines += [end for r in self.queue if (end := self.pool.wait_ends(r.received))]
-        if not deadlines:
+        """Seconds until something is due, LOOP_TICK at most: a read's or a job's deadline (the
+        first is kept in self.expires: _expire looks only once it has come), or the end of a
+        request's wait for a spare (the pool's rule)."""
+        due = math.inf
+        for p in self.pending.values():
+            if p.deadline < due:
+                due = p.deadline
+        for job in self.jobs.values():
+            if not job.timed_out and job.deadline < due:
+                due = job.deadline
+        self.expires = due
+        for ready in self.queue:
+            end = self.pool.wait_ends(ready.received)
+            if end and end < due:
+                due = end
+        if due == math.inf:
             return LOOP_TICK
-        return max(0.0, min(min(deadlines) - time.monotonic(), LOOP_TICK))
+        return max(0.0, min(due - time.monotonic(), LOOP_TICK))
 
     def _install_signals(self) -> None:
         for sock in (self.wake_r, self.wake_w):
@@ -181,6 +201,7 @@ class Server:
         if len(self.pending) >= self.opts.max_pending:
             self._drop(next(iter(self.pending)))  # the oldest: most likely idle
         p = Pending(conn, time.monotonic() + self.opts.read_timeout, peer=pid)
+        self.expires = min(self.expires, p.deadline)
         if uid != 0:
             log.warning("refused a connection from pid %d uid %d (root only)", pid, uid)
             p.refused = f"the pycni daemon serves root only (peer uid {uid})"
@@ -396,6 +417,7 @@ class Server:
         job = Job(pid, ready.conn, deadline, ready.label, stdin, ready.key,
                   received=ready.received)
         self.jobs[pid] = job
+        self.expires = min(self.expires, deadline)
         if job.key is not None:
             self.busy.setdefault(job.key, set()).add(pid)
         # The caller sends nothing more: readable means it hung up (killed by its runtime).
@@ -521,11 +543,12 @@ class Server:
 
     def _expire(self) -> None:
         now = time.monotonic()
-        for fd in [fd for fd, p in self.pending.items() if p.deadline <= now]:
-            self._drop(fd)
-        for job in self.jobs.values():
-            if not job.timed_out and not job.abandoned and job.deadline <= now:
-                self._kill(job)
+        if now >= self.expires:  # (else none is due: no walk over what is pending or runs)
+            for fd in [fd for fd, p in self.pending.items() if p.deadline <= now]:
+                self._drop(fd)
+            for job in self.jobs.values():
+                if not job.timed_out and not job.abandoned and job.deadline <= now:
+                    self._kill(job)
         self.handover.expire()
 
     def _kill(self, job: Job) -> None:
