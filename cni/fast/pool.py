@@ -113,13 +113,17 @@ class SparePool:
         """Hand `request` to a warm spare, the one back last first; -> its pid, or None if none
         is warm (a spare found gone on the way is dropped)."""
         conn, data, fds = request
-        for spare in sorted((s for s in self.spares.values() if s.ready),
-                            key=lambda s: s.idle_since, reverse=True):
+        while True:
+            spare = None  # the warm one back last (the first of equals)
+            for other in self.spares.values():
+                if other.ready and (spare is None or other.idle_since > spare.idle_since):
+                    spare = other
+            if spare is None:
+                return None
             if hand_over(spare.ctl, conn, data, fds):
                 spare.ready, spare.serving, spare.hurried = False, True, False
                 return spare.pid
             self.drop(spare)
-        return None
 
     def may_grow(self) -> bool:
         """Whether a request with no spare warm gets a new spare (--spares 0: no pool)."""

@@ -237,8 +237,12 @@ class Server:
         if not data or flags & socket.MSG_CTRUNC or len(p.fds) > proto.MAX_FDS:
             self._drop(fd)  # gone before sending it all, or too many fds: nothing to run
             return
-        p.buf += data
-        head = bytes(p.buf[:len(proto.MAGIC)])
+        if p.buf:
+            p.buf += data
+            buf = p.buf
+        else:
+            buf = data  # the usual: all of it in one read (kept in p.buf only if not all)
+        head = bytes(buf[:len(proto.MAGIC)])
         if head == proto.STATUS_MAGIC:
             self._answer_status(self._unregister(fd), p.refused or (
                 "a status query carries no fds" if p.fds else ""), p.fds)
@@ -249,21 +253,26 @@ class Server:
         if not (proto.MAGIC.startswith(head) or proto.STATUS_MAGIC.startswith(head)):
             self._refuse(self._unregister(fd), "not a pycni request", fds=p.fds)
             return
-        if len(p.buf) < proto.REQ_PREFIX:
+        if len(buf) < proto.REQ_PREFIX:
+            if buf is data:
+                p.buf += data
             return
-        size = proto.request_size(bytes(p.buf[:proto.REQ_PREFIX]))
+        size = proto.request_size(bytes(buf[:proto.REQ_PREFIX]))
         if size > self.opts.max_request:
             self._refuse(self._unregister(fd), f"request of {size} bytes is larger than the "
                          f"daemon's limit of {self.opts.max_request}", fds=p.fds)
             return
-        if len(p.buf) < size:
+        if len(buf) < size:
+            if buf is data:
+                p.buf += data
             return
-        data = bytes(p.buf[:size])
+        data = bytes(buf[:size])
         self._unregister(fd)
         if p.refused:
             self._refuse(conn, p.refused, fds=p.fds)
             return
-        plugin, env_block, _, roles, _ = proto.decode_request(data)
+        parts = proto.decode_request(data)
+        plugin, env_block, _, roles, _ = parts
         if len(p.fds) != bin(roles).count("1"):
             self._refuse(conn, "the request's fds do not match its header", fds=p.fds)
             return
@@ -271,7 +280,7 @@ class Server:
         cid = env.get("CNI_CONTAINERID", "")
         self.queue.append(Ready(conn, data, p.fds,
                                 f"{plugin} {env.get('CNI_COMMAND', '?')} {cid}".rstrip(),
-                                (cid, env.get("CNI_IFNAME", "")) if cid else None,
+                                (cid, env.get("CNI_IFNAME", "")) if cid else None, parts,
                                 peer=p.peer, holder=attachlock.holder(env.get(attachlock.ENV, ""))))
 
     def status(self) -> dict:
@@ -379,7 +388,7 @@ class Server:
 
     def _start(self, ready: Ready) -> None:
         """To a warm spare; else to a new spare (the pool grows); else to a child of its own."""
-        plugin, env_block, stdin, roles, umask = proto.decode_request(ready.data)
+        plugin, env_block, stdin, roles, umask = ready.parts
         request = (ready.conn, ready.data, ready.fds)
         pid = self.pool.serve(request)
         if pid is not None:
