@@ -520,7 +520,8 @@ class Server:
     def _plugin_name(job: Job) -> str:
         """The plugin a job runs, as status counts it ("other": a name the registry lacks)."""
         name = job.label.partition(" ")[0]
-        return name if name in registry.names() else "other"
+        # (a built-in's name is one of names(): no tuple of them built a request)
+        return name if name in registry.PLUGINS or name in registry.names() else "other"
 
     def _finish(self, job: Job, code: int, how: str = "") -> None:
         log.debug("served %s (%s)", job.label, how or f"child exit {code}")
