@@ -985,6 +985,34 @@ def test_an_answered_request_frees_its_attachment_before_its_child_exits() -> No
     assert outcome == {DONE: (False, False), "pycni-request": (True, True)}
 
 
+def test_a_spare_is_asked_whether_it_answered_by_its_name_held_open() -> None:
+    """A hang-up asks the spare serving the job whether it has sent its reply by its name: read
+    through /proc/PID/comm opened once, when its pid is known (pool._name), and closed with it.
+    That fd is the process's: once it is reaped, it no longer says answered."""
+    from cni.fast.child import DONE
+    from cni.fast.pool import Spare
+    from cni.fast.server import Options, Server
+
+    listener, _ = socket.socketpair()
+    pool = Server(listener, Options(spares=0)).pool
+    ctl, _spare_end = socket.socketpair()
+    child = child_named(DONE)
+    try:
+        spare = pool._add(ctl)
+        spare.pid, spare.serving = child.pid, True
+        pool._name(spare)
+        assert isinstance(spare, Spare) and spare.name is not None
+        assert pool.answered(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert not pool.answered(child.pid)
+    name = spare.name
+    pool.drop(spare)
+    with pytest.raises(OSError):
+        os.fstat(name)
+
+
 def test_status_counts_a_reply_sent_before_its_spare_is_back() -> None:
     """A spare sends its reply, then goes home at idle priority and only then says it is back
     (its job ends there). A caller that has its reply and asks the daemon's figures at once

@@ -66,6 +66,23 @@ def has_answered(pid: int) -> bool:
     return comm(pid) == DONE
 
 
+def name_fd(pid: int) -> int | None:
+    """Child `pid`'s /proc/PID/comm held open (has_answered_by reads it), or None. Pinned to
+    that process: once it is reaped, reads fail (no pid reuse), as has_answered's open does."""
+    try:
+        return os.open(f"/proc/{pid}/comm", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def has_answered_by(fd: int) -> bool:
+    """has_answered by a child's name_fd: one pread, not an open, two reads and a close."""
+    try:
+        return os.pread(fd, 64, 0).decode(errors="surrogateescape").strip() == DONE
+    except OSError:
+        return False
+
+
 def ready_pid(message: bytes) -> int | None:
     """The pid in a spare's ready message; None if it is not one."""
     if len(message) != READY_SIZE or not message.startswith(SPARE_READY):

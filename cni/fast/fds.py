@@ -36,6 +36,20 @@ def accepted(listener: socket.socket) -> Iterator[socket.socket]:
         yield conn
 
 
+def accept_one(listener: socket.socket) -> socket.socket | None:
+    """A connection waiting on a non-blocking listener, or None. It is left blocking (no ioctl):
+    its reader passes MSG_DONTWAIT, and what sends on it sets its own timeout (send_quietly,
+    drain, the child's setblocking). An accept error (EMFILE and friends) is logged: keep
+    serving what we have."""
+    try:
+        return listener.accept()[0]
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError as e:
+        logging.getLogger("pycni.daemon").warning("accept: %s", e)
+        return None
+
+
 def close_all(fds: list[int]) -> None:
     for fd in fds:
         try:

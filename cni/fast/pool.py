@@ -32,7 +32,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cni.fast.child import READY_SIZE, Runner, hand_over, has_answered, ready_pid, spare_main
+from cni.fast.child import (
+    READY_SIZE,
+    Runner,
+    hand_over,
+    has_answered,
+    has_answered_by,
+    name_fd,
+    ready_pid,
+    spare_main,
+)
 from cni.fast.preload import private_netns
 from cni.fast.procs import (
     become_subreaper,
@@ -62,20 +71,23 @@ class Spare:
     serving: bool = False  # running a request (the server's Job under its pid)
     idle_since: float = 0.0  # when it last said it is ready
     hurried: bool = False  # moved to normal priority on its way home from this request
+    name: int | None = None  # its /proc/PID/comm held open (child.name_fd), once pid is known
 
 
 class SparePool:
     def __init__(self, opts: Options, sel: selectors.BaseSelector, runner: Runner | None, *,
                  fork: Fork = fork_with_socket,
                  clock: Callable[[], float] = time.monotonic,
-                 has_answered: Callable[[int], bool] = has_answered,
+                 has_answered: Callable[[int], bool] | None = None,
                  hurry: Callable[[int], None] = normal_priority) -> None:
         self.opts = opts
         self.sel = sel  # the server's: ctl and zygote sockets are served by its loop
         self.fork = fork
         self.runner = runner
         self.clock = clock
-        self.has_answered = has_answered  # child.has_answered: whether pid sent its reply
+        # whether child pid sent its reply: child.has_answered, a spare's by its name held open
+        # (_has_answered); tests pass a fake
+        self.has_answered = has_answered
         self.hurry = hurry  # a spare going home that a request waits for: at normal priority
         self.back: list[int] = []  # spares back from their request since take_back
         self.spares: dict[int, Spare] = {}  # by the fd of their ctl
@@ -101,13 +113,17 @@ class SparePool:
         """Hand `request` to a warm spare, the one back last first; -> its pid, or None if none
         is warm (a spare found gone on the way is dropped)."""
         conn, data, fds = request
-        for spare in sorted((s for s in self.spares.values() if s.ready),
-                            key=lambda s: s.idle_since, reverse=True):
+        while True:
+            spare = None  # the warm one back last (the first of equals)
+            for other in self.spares.values():
+                if other.ready and (spare is None or other.idle_since > spare.idle_since):
+                    spare = other
+            if spare is None:
+                return None
             if hand_over(spare.ctl, conn, data, fds):
                 spare.ready, spare.serving, spare.hurried = False, True, False
                 return spare.pid
             self.drop(spare)
-        return None
 
     def may_grow(self) -> bool:
         """Whether a request with no spare warm gets a new spare (--spares 0: no pool)."""
@@ -131,6 +147,7 @@ class SparePool:
         log.debug("%s: every spare busy, forked spare %d for it", label, pid)
         spare = self._add(end)
         spare.pid, spare.serving = pid, True
+        self._name(spare)
         return pid
 
     def waits(self, received: float, nested: Callable[[], bool]) -> bool:
@@ -143,7 +160,7 @@ class SparePool:
         if not self.opts.spares or any(s.ready for s in spares) or self.wait_ends(received) is None:
             return False
         if self._going_home is None:
-            self._going_home = [s for s in spares if s.serving and self.has_answered(s.pid)]
+            self._going_home = [s for s in spares if s.serving and self._has_answered(s.pid)]
         going_home = self._going_home
         if not (going_home or not self.may_grow() and any(s.serving for s in spares)):
             return False
@@ -166,7 +183,15 @@ class SparePool:
         """Whether the child running as `pid` (a spare or a one-request child) has sent its
         request's reply: by its name (child.has_answered), or, a spare, by its saying it is back
         (read already, or waiting on its control socket)."""
-        return pid in self.back or self.has_answered(pid) or self.said_ready(pid)
+        return pid in self.back or self._has_answered(pid) or self.said_ready(pid)
+
+    def _has_answered(self, pid: int) -> bool:
+        if self.has_answered is not None:
+            return self.has_answered(pid)
+        for spare in self.spares.values():
+            if spare.pid == pid and spare.name is not None:
+                return has_answered_by(spare.name)  # (a hang-up's check: one pread)
+        return has_answered(pid)
 
     def take_back(self) -> list[int]:
         """The pids of the spares back from their request since the last call: those requests
@@ -220,6 +245,8 @@ class SparePool:
         must see EOF when the parent dies, not wait on a copy."""
         for spare in self.spares.values():
             spare.ctl.close()
+            if spare.name is not None:
+                os.close(spare.name)
         self.spares.clear()
         if self.zygote is not None:
             self.zygote.close()
@@ -231,9 +258,10 @@ class SparePool:
         forked here only while no request runs. Spares serving a request count: they come
         back (a pod's next plugin finds the other one)."""
         have = len(self.spares) + self.ordered
+        if self.stopping or have >= self.opts.spares:  # (most turns: no count of the idle)
+            return False
         idle = have - sum(s.serving for s in self.spares.values())
-        return (not self.stopping and have < self.opts.spares
-                and running + idle < self.opts.max_children
+        return (running + idle < self.opts.max_children
                 and (self.zygote is not None or not (queued or running)))
 
     def _refill(self, running: int, queued: bool) -> None:
@@ -281,6 +309,14 @@ class SparePool:
             if self.metrics:
                 self.metrics.retired.inc()
         spare.ctl.close()
+        if spare.name is not None:
+            os.close(spare.name)
+            spare.name = None
+
+    def _name(self, spare: Spare) -> None:
+        """Hold the spare's name open (a hang-up asks it whether its request was answered)."""
+        if self.has_answered is None and spare.name is None:
+            spare.name = name_fd(spare.pid)
 
     # Spares talking ------------------------------------------------------------------------------
     def _add(self, ctl: socket.socket) -> Spare:
@@ -307,6 +343,7 @@ class SparePool:
         elif not spare.pid:
             log.debug("spare %d is warm", pid)  # requests from now on skip the fork
         spare.pid, spare.ready, spare.idle_since = pid, True, self.clock()
+        self._name(spare)
         if self.stopping:
             self.drop(spare)
 

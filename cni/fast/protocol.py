@@ -19,6 +19,8 @@ A handover request (handover.py) is HANDOVER_MAGIC alone: answered the same way 
 has handed its socket to a successor (code 0, JSON), or could not (code 1, a CNI error).
 """
 
+import sys
+
 
 class Header:
     """Fixed big-endian integer fields, struct.Struct's pack/unpack_from/size for formats
@@ -101,20 +103,27 @@ def decode_env(block: bytes) -> dict[str, str]:
 def env_values(block: bytes, names: tuple[str, ...]) -> dict[str, str]:
     """decode_env(block)'s entries for `names` (ASCII), without decoding the rest of the block
     (the daemon's parent reads four): each name's last item, "NAME=value" or a bare "NAME"."""
-    import sys
-
     padded = b"\0" + block + b"\0"
     out: dict[str, str] = {}
     for name in names:
-        key = b"\0" + name.encode("ascii")
-        at = padded.rfind(key + b"=")
-        if padded.rfind(key + b"\0") > at:
+        keys = _ENV_KEYS.get(name)
+        if keys is None:
+            key = b"\0" + name.encode("ascii")
+            keys = _ENV_KEYS[name] = (key + b"=", key + b"\0")
+        at = padded.rfind(keys[0])
+        if padded.rfind(keys[1]) > at:
             out[name] = ""  # a bare name after the last NAME=...: as decode_env's partition
         elif at >= 0:
-            start = at + len(key) + 1
+            start = at + len(keys[0])
             out[name] = padded[start:padded.index(b"\0", start)].decode(
-                sys.getfilesystemencoding(), "surrogateescape")
+                _FS_ENCODING, "surrogateescape")
     return out
+
+
+# env_values' searches by name (a few names: the parent's), and the encoding os.environ's
+# entries decode with (fixed at the interpreter's start)
+_ENV_KEYS: dict[str, tuple[bytes, bytes]] = {}
+_FS_ENCODING = sys.getfilesystemencoding()
 
 
 def encode_request(plugin: str, env: bytes, stdin: bytes, roles: int, umask: int) -> bytes:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import selectors
 import signal
@@ -26,7 +27,7 @@ from cni import __version__, registry  # __version__ bound at start: the one thi
 from cni.fast import attachlock
 from cni.fast import protocol as proto
 from cni.fast.child import EXIT_ANSWERED, EXIT_NOT_STARTED, Runner, run_child
-from cni.fast.fds import accepted, close_all, drain, fds_from, peer_gone, send_quietly
+from cni.fast.fds import accept_one, close_all, drain, fds_from, peer_gone, send_quietly
 from cni.fast.handover import Handover
 from cni.fast.listener import inode, sd_notify, sock_name
 from cni.fast.pool import SparePool
@@ -39,6 +40,7 @@ _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 LOOP_TICK = 5.0  # seconds the loop sleeps at most with nothing due (it has nothing periodic)
 ANSWER_TIMEOUT = 1.0  # for an error reply sent for a child (its caller reads it, or is gone)
 # What the parent reads of a request's environment (its child decodes the whole of it)
+_RECV_FLAGS = socket.MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT
 _ENV_READ = ("CNI_CONTAINERID", "CNI_COMMAND", "CNI_IFNAME", attachlock.ENV)
 
 
@@ -63,7 +65,9 @@ class Server:
         # attachment -> pids of its running jobs: one, plus the nested calls it made itself
         self.busy: dict[tuple[str, str], set[int]] = {}
         self.stopping = False
-        self.drain_deadline = float("inf")  # set by stop(): every accepted request ends by it
+        self.drain_deadline = math.inf  # set by stop(): every accepted request ends by it
+        # no read or job deadline comes before this (_next_timeout; lowered as they are added)
+        self.expires = math.inf
         self.signals = 0  # SIGTERM/SIGINT seen; acted on in the loop, never inside the handler
         self.children_exited = True  # a SIGCHLD since the last _reap (at first: not known)
         self.wake_r, self.wake_w = socket.socketpair()
@@ -88,26 +92,43 @@ class Server:
         while not (self.stopping and not (self.jobs or self.pending or self.queue)):
             for key, _ in self.sel.select(self._next_timeout()):
                 key.data(key.fileobj)
-            for pid in self.pool.take_back():
-                self._spare_back(pid)
-            self._handle_signals()
-            self._reap()
+            # The rest of a turn, each part when its cause is there (a wake is mostly one
+            # event: a connection, a caller hanging up, a spare back)
+            if self.pool.back:
+                for pid in self.pool.take_back():
+                    self._spare_back(pid)
+            if self.signals:
+                self._handle_signals()
+            if self.children_exited:
+                self._reap()
             self._expire()
             if self.metrics:
                 self.metrics.expire()
-            self._start_queued()
+            if self.queue:
+                self._start_queued()
             self.pool.tend(len(self.jobs), bool(self.queue))
         self._close_listener()
         log.info("pycni daemon %d stopped", os.getpid())
 
     def _next_timeout(self) -> float:
-        deadlines = [p.deadline for p in self.pending.values()]
-        deadlines += [j.deadline for j in self.jobs.values() if not j.timed_out]
-        # when a request waiting for a spare stops waiting (the pool's rule)
-        deadlines += [end for r in self.queue if (end := self.pool.wait_ends(r.received))]
-        if not deadlines:
+        """Seconds until something is due, LOOP_TICK at most: a read's or a job's deadline (the
+        first is kept in self.expires: _expire looks only once it has come), or the end of a
+        request's wait for a spare (the pool's rule)."""
+        due = math.inf
+        for p in self.pending.values():
+            if p.deadline < due:
+                due = p.deadline
+        for job in self.jobs.values():
+            if not job.timed_out and job.deadline < due:
+                due = job.deadline
+        self.expires = due
+        for ready in self.queue:
+            end = self.pool.wait_ends(ready.received)
+            if end and end < due:
+                due = end
+        if due == math.inf:
             return LOOP_TICK
-        return max(0.0, min(min(deadlines) - time.monotonic(), LOOP_TICK))
+        return max(0.0, min(due - time.monotonic(), LOOP_TICK))
 
     def _install_signals(self) -> None:
         for sock in (self.wake_r, self.wake_w):
@@ -169,38 +190,44 @@ class Server:
 
     # Connections ------------------------------------------------------------------------------
     def _accept(self, listener: socket.socket) -> None:
-        for conn in accepted(listener):
-            pid, uid, _gid = _CRED.unpack(
-                conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
-            if len(self.pending) >= self.opts.max_pending:
-                self._drop(next(iter(self.pending)))  # the oldest: most likely idle
-            p = Pending(conn, time.monotonic() + self.opts.read_timeout, peer=pid)
-            if uid != 0:
-                log.warning("refused a connection from pid %d uid %d (root only)", pid, uid)
-                p.refused = f"the pycni daemon serves root only (peer uid {uid})"
-            fd = conn.fileno()
-            self.pending[fd] = p
-            # The shim sends its request right after connect: it is usually here already, and
-            # reading it now saves a trip around the loop (select, reap, expire, ...); the
-            # connection is watched only if it is still arriving.
+        """One connection a wake: the selector is level-triggered, so with more waiting the
+        next select returns at once; a caller alone (the common case) saves an accept that
+        fails (EAGAIN)."""
+        conn = accept_one(listener)
+        if conn is None:
+            return
+        pid, uid, _gid = _CRED.unpack(
+            conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+        if len(self.pending) >= self.opts.max_pending:
+            self._drop(next(iter(self.pending)))  # the oldest: most likely idle
+        p = Pending(conn, time.monotonic() + self.opts.read_timeout, peer=pid)
+        self.expires = min(self.expires, p.deadline)
+        if uid != 0:
+            log.warning("refused a connection from pid %d uid %d (root only)", pid, uid)
+            p.refused = f"the pycni daemon serves root only (peer uid {uid})"
+        fd = conn.fileno()
+        self.pending[fd] = p
+        # The shim sends its request right after connect: it is usually here already, and
+        # reading it now saves a trip around the loop (select, reap, expire, ...); the
+        # connection is watched only if it is still arriving.
+        self._read(conn)
+        if fd in self.pending and not p.buf:
+            # Not sent yet: its connect woke us, and we most often took the CPU from the
+            # shim between its connect and its send (it asks who listens first). Let it
+            # run on and send: the request is then read here, not after a turn of the loop
+            # (select, the bookkeeping, register and unregister: ~80 us of CPU a request).
+            os.sched_yield()
             self._read(conn)
-            if fd in self.pending and not p.buf:
-                # Not sent yet: its connect woke us, and we most often took the CPU from the
-                # shim between its connect and its send (it asks who listens first). Let it
-                # run on and send: the request is then read here, not after a turn of the loop
-                # (select, the bookkeeping, register and unregister: ~80 us of CPU a request).
-                os.sched_yield()
-                self._read(conn)
-            if fd in self.pending:
-                self.sel.register(conn, selectors.EVENT_READ, self._read)
-                p.watched = True
+        if fd in self.pending:
+            self.sel.register(conn, selectors.EVENT_READ, self._read)
+            p.watched = True
 
     def _read(self, conn: socket.socket) -> None:
         fd = conn.fileno()
         p = self.pending[fd]
         try:
             data, anc, flags, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(4 * proto.MAX_FDS),
-                                               socket.MSG_CMSG_CLOEXEC)
+                                               _RECV_FLAGS)  # (a blocking socket: accept_one)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -210,8 +237,12 @@ class Server:
         if not data or flags & socket.MSG_CTRUNC or len(p.fds) > proto.MAX_FDS:
             self._drop(fd)  # gone before sending it all, or too many fds: nothing to run
             return
-        p.buf += data
-        head = bytes(p.buf[:len(proto.MAGIC)])
+        if p.buf:
+            p.buf += data
+            buf = p.buf
+        else:
+            buf = data  # the usual: all of it in one read (kept in p.buf only if not all)
+        head = bytes(buf[:len(proto.MAGIC)])
         if head == proto.STATUS_MAGIC:
             self._answer_status(self._unregister(fd), p.refused or (
                 "a status query carries no fds" if p.fds else ""), p.fds)
@@ -222,21 +253,26 @@ class Server:
         if not (proto.MAGIC.startswith(head) or proto.STATUS_MAGIC.startswith(head)):
             self._refuse(self._unregister(fd), "not a pycni request", fds=p.fds)
             return
-        if len(p.buf) < proto.REQ_PREFIX:
+        if len(buf) < proto.REQ_PREFIX:
+            if buf is data:
+                p.buf += data
             return
-        size = proto.request_size(bytes(p.buf[:proto.REQ_PREFIX]))
+        size = proto.request_size(bytes(buf[:proto.REQ_PREFIX]))
         if size > self.opts.max_request:
             self._refuse(self._unregister(fd), f"request of {size} bytes is larger than the "
                          f"daemon's limit of {self.opts.max_request}", fds=p.fds)
             return
-        if len(p.buf) < size:
+        if len(buf) < size:
+            if buf is data:
+                p.buf += data
             return
-        data = bytes(p.buf[:size])
+        data = bytes(buf[:size])
         self._unregister(fd)
         if p.refused:
             self._refuse(conn, p.refused, fds=p.fds)
             return
-        plugin, env_block, _, roles, _ = proto.decode_request(data)
+        parts = proto.decode_request(data)
+        plugin, env_block, _, roles, _ = parts
         if len(p.fds) != bin(roles).count("1"):
             self._refuse(conn, "the request's fds do not match its header", fds=p.fds)
             return
@@ -244,7 +280,7 @@ class Server:
         cid = env.get("CNI_CONTAINERID", "")
         self.queue.append(Ready(conn, data, p.fds,
                                 f"{plugin} {env.get('CNI_COMMAND', '?')} {cid}".rstrip(),
-                                (cid, env.get("CNI_IFNAME", "")) if cid else None,
+                                (cid, env.get("CNI_IFNAME", "")) if cid else None, parts,
                                 peer=p.peer, holder=attachlock.holder(env.get(attachlock.ENV, ""))))
 
     def status(self) -> dict:
@@ -352,7 +388,7 @@ class Server:
 
     def _start(self, ready: Ready) -> None:
         """To a warm spare; else to a new spare (the pool grows); else to a child of its own."""
-        plugin, env_block, stdin, roles, umask = proto.decode_request(ready.data)
+        plugin, env_block, stdin, roles, umask = ready.parts
         request = (ready.conn, ready.data, ready.fds)
         pid = self.pool.serve(request)
         if pid is not None:
@@ -390,6 +426,7 @@ class Server:
         job = Job(pid, ready.conn, deadline, ready.label, stdin, ready.key,
                   received=ready.received)
         self.jobs[pid] = job
+        self.expires = min(self.expires, deadline)
         if job.key is not None:
             self.busy.setdefault(job.key, set()).add(pid)
         # The caller sends nothing more: readable means it hung up (killed by its runtime).
@@ -483,7 +520,8 @@ class Server:
     def _plugin_name(job: Job) -> str:
         """The plugin a job runs, as status counts it ("other": a name the registry lacks)."""
         name = job.label.partition(" ")[0]
-        return name if name in registry.names() else "other"
+        # (a built-in's name is one of names(): no tuple of them built a request)
+        return name if name in registry.PLUGINS or name in registry.names() else "other"
 
     def _finish(self, job: Job, code: int, how: str = "") -> None:
         log.debug("served %s (%s)", job.label, how or f"child exit {code}")
@@ -515,11 +553,12 @@ class Server:
 
     def _expire(self) -> None:
         now = time.monotonic()
-        for fd in [fd for fd, p in self.pending.items() if p.deadline <= now]:
-            self._drop(fd)
-        for job in self.jobs.values():
-            if not job.timed_out and not job.abandoned and job.deadline <= now:
-                self._kill(job)
+        if now >= self.expires:  # (else none is due: no walk over what is pending or runs)
+            for fd in [fd for fd, p in self.pending.items() if p.deadline <= now]:
+                self._drop(fd)
+            for job in self.jobs.values():
+                if not job.timed_out and not job.abandoned and job.deadline <= now:
+                    self._kill(job)
         self.handover.expire()
 
     def _kill(self, job: Job) -> None:

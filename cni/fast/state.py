@@ -67,6 +67,7 @@ class Ready:
     fds: list[int]
     label: str  # "plugin COMMAND containerid", for logs and error messages
     key: tuple[str, str] | None  # (container ID, ifname): one request at a time per attachment
+    parts: tuple[str, bytes, bytes, int, int]  # data decoded (protocol.decode_request)
     peer: int = 0  # the client's pid
     holder: int = 0  # the pid its attachment lock token names (attachlock.ENV), if any
     held: bool = False  # waiting for a request on the same attachment
