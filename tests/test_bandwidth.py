@@ -505,9 +505,65 @@ def test_check_and_del_cost_few_round_trips(host, pod) -> None:
                          capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
     echoes = tuple(int(n) for n in platform.release().split(".")[:2]) >= (6, 3)
-    assert json.loads(run.stdout) == {"ADD": [2, 8 if echoes else 9], "CHECK": [2, 3],
+    assert json.loads(run.stdout) == {"ADD": [2, 8 if echoes else 9], "CHECK": [2, 2],
                                       "DEL": [2, 4]}
     assert_untouched(host, w)
+
+
+GUESSED = """
+import os, sys
+from cni import skel
+from cni.host import netns
+from cni.host.nsfd import setns
+from cni.plugins import bandwidth
+
+host, pod, stdin, veth = sys.argv[1], sys.argv[2], sys.argv[3].encode(), int(sys.argv[4])
+setns(os.open(host, os.O_RDONLY))
+env = {"CNI_CONTAINERID": "ctr1", "CNI_NETNS": pod, "CNI_IFNAME": "eth0",
+       "CNI_PATH": "/nonexistent", "CNI_COMMAND": "CHECK"}
+sends = []
+made = netns.new_socket
+
+def counted():
+    ipr = made()
+    send = ipr.asyncore.send
+    ipr.asyncore.send = lambda *a, **k: (sends.append(1), send(*a, **k))[1]
+    return ipr
+
+netns.new_socket = counted
+real = getattr(bandwidth, "_ifindex", None)
+for guess, want in ((real, 2), (lambda name: veth, 3), (lambda name: None, 3),
+                    (lambda name: 999999, 3)):
+    bandwidth._ifindex = guess  # the ifb's index misread (made again meanwhile), or unknown
+    sends.clear()
+    reply = skel.run("bandwidth", env, stdin)
+    assert reply.code == 0, reply
+    # the pod's veth; the host's reads, with the ifb's tbf when its index was right; else
+    # the ifb's tbf asked alone, as before
+    assert len(sends) == want, (sends, want)
+print("ok")
+"""
+
+
+def test_check_reads_the_ifb_tbf_of_the_ifb_it_looked_up(plugins, host, pod) -> None:
+    """CHECK asks the ifb's tbf with the rest, at the index the host's interface table gave
+    for its name (if_nametoindex): two sends. The lookup in the same send decides: an index
+    that is not the ifb's (the host veth's, whose tbf has another rate; one no link has) or
+    none, and the ifb's tbf is asked alone, as before (three sends), with the same verdict."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    w = wire(host, pod, 1)
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    out = add(plugins, w, cfg)
+    veth = host.links()[w.veth]["ifindex"]
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", GUESSED, host.path, pod.path,
+                          json.dumps(cfg | {"prevResult": out}), str(veth)], cwd=root,
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["ok"]
 
 
 def test_check_without_bandwidth_config_succeeds(plugins, host, pod) -> None:
