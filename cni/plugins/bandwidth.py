@@ -54,6 +54,7 @@ from cni.spec.errors import CNIError, Code, invalid_config
 from cni.spec.result import Result
 
 KEYS = ("ingressRate", "ingressBurst", "egressRate", "egressBurst")
+_FOLDED_KEYS = frozenset(k.lower() for k in KEYS)  # keys.fold of each (ASCII names)
 ANNOTATIONS = "io.kubernetes.cri.pod-annotations"
 INGRESS_ANNOTATION = "kubernetes.io/ingress-bandwidth"
 EGRESS_ANNOTATION = "kubernetes.io/egress-bandwidth"
@@ -141,10 +142,14 @@ def _at(key: str, value: int, msg: str) -> ValidationError:
 
 
 def limits(req: Request) -> Limits | None:
-    """The limits to apply, from the first source present; None when there are none."""
-    top = parse(BandwidthEntry, req.config)
-    if top.model_fields_set.intersection(KEYS):  # any of the four keys, even null (not extras)
-        return _limits(top, req.config, "", sentinel=False)
+    """The limits to apply, from the first source present; None when there are none. The
+    config is validated as a BandwidthEntry only when it has one of the four keys (however
+    cased): without them that model has nothing to check and no field set, so the runtime's
+    come next (CRI-O's and containerd's requests: one validation, not two)."""
+    if any(isinstance(k, str) and keys.fold(k) in _FOLDED_KEYS for k in req.config):
+        top = parse(BandwidthEntry, req.config)
+        if top.model_fields_set.intersection(KEYS):  # any of the four, even null (not extras)
+            return _limits(top, req.config, "", sentinel=False)
     runtime = req.runtime_config
     entry = runtime.get("bandwidth")
     if entry is not None:
