@@ -105,7 +105,10 @@ def _invoke(req: Request, ipam_type: str, command: str, removed: bool = False) -
     executable = find(ipam_type, req.path)
     env = {**req.env, "CNI_COMMAND": command}
     if is_ours(executable):
-        reply = skel.run(ipam_type, env, req.stdin, req.netns_fd)
+        if command == req.command == "CHECK":  # its own verb: skel has read and checked this
+            reply = skel.run_nested(req, ipam_type)  # input for the main plugin already
+        else:
+            reply = skel.run(ipam_type, env, req.stdin, req.netns_fd)
         _log(req, reply.stderr.decode("utf-8", "replace"))
         if reply.code != 0:
             raise invoke.plugin_error(reply.code, reply.stdout, reply.stderr)
