@@ -236,3 +236,34 @@ def test_in_process_check_answers_as_skel_run(tmp_path, monkeypatch, ipam_only_b
     assert fast == slow
     assert fast["ok"].code == 0 and {r.code for n, r in fast.items() if n != "ok"} == {1}
     assert len({r.stdout for r in fast.values()}) == len(fast)  # each its own error
+
+
+def test_is_ours_is_remembered_until_the_file_or_link_changes(tmp_path, monkeypatch):
+    """A spare asks is_ours for every IPAM call: the path is resolved and the file read once,
+    and again when the file (rewritten, replaced) or the symlink (re-pointed) changes."""
+    import pathlib
+
+    resolved: list[str] = []
+    real = pathlib.Path.resolve
+    monkeypatch.setattr(pathlib.Path, "resolve",
+                        lambda self, *a, **k: (resolved.append(str(self)), real(self, *a, **k))[1])
+    copy = tmp_path / "pycni-plugin"
+    shutil.copy(ROOT / "bin" / "cni-plugin", copy)
+    link = tmp_path / "host-local"
+    link.symlink_to(copy.name)
+    assert delegate.is_ours(str(link)) and delegate.is_ours(str(link))
+    assert len(resolved) == 1, "asked again of a file and link that did not change"
+    other = tmp_path / "other"
+    other.write_bytes(b"#!/bin/sh\nexit 0\n")
+    link.unlink()
+    link.symlink_to(other.name)
+    assert not delegate.is_ours(str(link))  # re-pointed
+    other.write_bytes(copy.read_bytes())
+    assert delegate.is_ours(str(link))  # the file it leads to rewritten, the link as it was
+    assert len(resolved) == 3
+
+
+def test_the_repo_executable_carries_the_marker():
+    """is_ours remembers a file's answer whichever path leads to it: right only because the
+    repo's executable (known by its path) carries the marker as installed copies do."""
+    assert delegate.MARKER in (ROOT / "bin" / "cni-plugin").read_bytes()[:1024]
