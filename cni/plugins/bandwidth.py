@@ -409,18 +409,18 @@ def check(req: Request) -> None:
         return  # nothing to shape, nothing to check (reference #1221 crashed here)
     ingress, egress = lim
     name = ifb_name(req.network, req.container_id)
-    # The ifb's index as the host's interface table has it now (one ioctl, no netlink), so that
-    # its root qdisc is asked in the same send as the rest; the lookup in that send decides, and
-    # should it name another index (the ifb made again meanwhile), its qdisc is asked alone.
-    guess = _ifindex(name) if egress is not None else None
+    # The ifb's index from the host's interface table (if_nametoindex and back: two ioctls, no
+    # netlink), so that its root qdisc is asked in the same send as the rest; without it (no
+    # such link, or a name that is only an altname), the ifb is looked up in that send instead
+    # and its qdisc asked after, as before.
+    found = _ifindex(name) if egress is not None else None
 
     def reads(ipr, index: int) -> list[Any]:  # with the host end's lookup, in one send
         root = [tc.root_request(ipr, index)] if ingress is not None else []
         tail: list[Any] = []
-        if egress is not None:
-            tail.append(links.get_request(ifname=name))
-            if guess is not None:
-                tail.append(tc.root_request(ipr, guess))
+        if egress is not None:  # the ifb's tbf, or else (as before) its lookup by name
+            tail.append(tc.root_request(ipr, found) if found is not None
+                        else links.get_request(ifname=name))
             tail.append(tc.filters_request(index))
         return root + tail  # the dump last
 
@@ -431,26 +431,28 @@ def check(req: Request) -> None:
             _compare(veth.name, tc.read_tbf(ipr, veth.index, replies.pop(0)),
                      _tbf(ingress, veth.mtu, req.log, ticks))
         if egress is not None:
-            ifb_replies = replies.pop(0)
-            ifb_root = replies.pop(0) if guess is not None else None
-            filter_replies = replies.pop(0)
-            index = ifb.lookup(ipr, name, ifb_replies)
+            ifb_read, filter_replies = replies
+            ifb_root = ifb_read if found is not None else None
+            index = found if found is not None else ifb.lookup(ipr, name, ifb_read)
             if index is None:
                 raise CNIError(Code.INTERNAL, f"ifb {name} for egress shaping not found")
             if index not in tc.redirect_targets(ipr, veth.index, filter_replies):
                 raise CNIError(Code.INTERNAL,
                                f"no ingress redirect from {veth.name} to ifb {name}")
-            # (read_tbf takes the batch's qdisc only if it is this index's, else asks alone)
-            _compare(name, tc.read_tbf(ipr, index, ifb_root if index == guess else None),
+            # (read_tbf takes the batch's qdisc if it is this index's, else asks alone)
+            _compare(name, tc.read_tbf(ipr, index, ifb_root),
                      _tbf(egress, veth.mtu, req.log, ticks))
 
 
 def _ifindex(name: str) -> int | None:
-    """The index of the link `name` in this namespace (if_nametoindex: one ioctl), or None."""
+    """The index of the link called `name` in this namespace, or None: if_nametoindex, and
+    if_indextoname to be sure that it is the link's name (the kernel resolves altnames too;
+    links.get takes IFLA_IFNAME only). One ioctl each, no netlink."""
     import socket
 
     try:
-        return socket.if_nametoindex(name)
+        index = socket.if_nametoindex(name)
+        return index if socket.if_indextoname(index) == name else None
     except OSError:
         return None
 
