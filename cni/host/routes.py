@@ -100,9 +100,9 @@ def find(ipr, dst: str, gw: str | None = None, dumped: dict[int, list] | None = 
             dumped[family] = replies
     found = []
     for msg in replies:
-        got, gws = msg.get_attr("RTA_DST"), _gateways(msg)
         if msg["dst_len"] != want.prefixlen:
-            continue
+            continue  # (a header field: the other routes' attributes are never decoded)
+        got, gws = msg.get_attr("RTA_DST"), _gateways(msg)
         if want.prefixlen and (got is None or ipaddress.ip_address(got) != want.network_address):
             continue
         if gw and gws and gw not in gws:
