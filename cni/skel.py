@@ -137,18 +137,47 @@ def run(plugin: str, env: Mapping[str, str], stdin: bytes, netns: int | None = N
         _check_not_own_netns(req)
         out, removed = dispatch(req)
         return Reply(out.encode(), err.getvalue().encode(), 0, removed)
-    except CNIError as e:
+    except Exception as e:
+        return _failed(e, plugin, version, err)
+
+
+def _failed(e: Exception, plugin: str, version: str, err: io.StringIO) -> Reply:
+    """The Reply of a request that raised `e` (run's and run_nested's)."""
+    if isinstance(e, CNIError):
         return Reply(e.to_json(version).encode(), err.getvalue().encode(), 1)
-    except HostError as e:  # the kernel layer's own: its message as it is
+    if isinstance(e, HostError):  # the kernel layer's own: its message as it is
         code = Code.INVALID_ENV if isinstance(e, NamespaceError) else Code.INTERNAL
         return Reply(CNIError(code, str(e)).to_json(version).encode(),
                      err.getvalue().encode(), 1)
-    except Exception as e:  # never a traceback on stdout: code 999 with what went wrong
-        import traceback
-        err.write(traceback.format_exc())
-        msg = f"{plugin}: {type(e).__name__}: {e}"
-        return Reply(CNIError(Code.INTERNAL, msg).to_json(version).encode(),
-                     err.getvalue().encode(), 1)
+    # never a traceback on stdout: code 999 with what went wrong
+    import traceback
+    err.write(traceback.format_exc())
+    msg = f"{plugin}: {type(e).__name__}: {e}"
+    return Reply(CNIError(Code.INTERNAL, msg).to_json(version).encode(),
+                 err.getvalue().encode(), 1)
+
+
+def run_nested(parent: Request, plugin: str) -> Reply:
+    """run(plugin, parent.env, parent.stdin, parent.netns_fd) for a plugin that `parent`'s
+    plugin runs in-process with its own environment, stdin and namespace, for its own verb
+    (its IPAM, cni.ipam.delegate): the same Reply, without reading the same input again. run
+    has already checked, for the parent, all it checks of that input (the environment, the
+    config and its version, the name, the namespace) and found it good; what depends on the
+    plugin is checked here as run checks it: a DEL its marker answers (cni.deleted), the
+    versions the plugin speaks. The config and prevResult are the parent's, read-only."""
+    err = io.StringIO()
+    version = parent.version
+    try:
+        if deleted.already_clean(plugin, parent.env, time.time()):
+            return Reply(b"", b"", 0)
+        if parent.command != "DEL":
+            versions.require_supported(version, speaks(plugin))
+        req = parent._replace(plugin=plugin,
+                              log=lambda msg: err.write(f"{plugin}: {msg}\n"))
+        out, removed = dispatch(req)
+        return Reply(out.encode(), err.getvalue().encode(), 0, removed)
+    except Exception as e:
+        return _failed(e, plugin, version, err)
 
 
 def dispatch(req: Request) -> tuple[str, int]:

@@ -505,9 +505,69 @@ def test_check_and_del_cost_few_round_trips(host, pod) -> None:
                          capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
     echoes = tuple(int(n) for n in platform.release().split(".")[:2]) >= (6, 3)
-    assert json.loads(run.stdout) == {"ADD": [2, 8 if echoes else 9], "CHECK": [2, 3],
+    assert json.loads(run.stdout) == {"ADD": [2, 8 if echoes else 9], "CHECK": [2, 2],
                                       "DEL": [2, 4]}
     assert_untouched(host, w)
+
+
+GUESSED = """
+import os, sys
+from cni import skel
+from cni.host import netns
+from cni.host.nsfd import setns
+from cni.plugins import bandwidth
+
+host, pod, stdin = sys.argv[1], sys.argv[2], sys.argv[3].encode()
+setns(os.open(host, os.O_RDONLY))
+env = {"CNI_CONTAINERID": "ctr1", "CNI_NETNS": pod, "CNI_IFNAME": "eth0",
+       "CNI_PATH": "/nonexistent", "CNI_COMMAND": "CHECK"}
+sends = []
+made = netns.new_socket
+
+def counted():
+    ipr = made()
+    send = ipr.asyncore.send
+    ipr.asyncore.send = lambda *a, **k: (sends.append(1), send(*a, **k))[1]
+    return ipr
+
+netns.new_socket = counted
+real = getattr(bandwidth, "_ifindex", None)
+for guess, want in ((real, 2), (lambda name: None, 3)):
+    if guess is not None:
+        bandwidth._ifindex = guess  # the interface table's answer, or none (the ioctl failed)
+    sends.clear()
+    reply = skel.run("bandwidth", env, stdin)
+    # the pod's veth; the host's reads, with the ifb's tbf; without the ifb's index from the
+    # interface table, the ifb looked up alone (its tbf with it, as before)
+    assert (reply.code, reply.stdout, len(sends)) == (0, b"", want), (reply, sends, want)
+print("ok")
+"""
+
+
+def test_check_finds_the_ifb_by_its_name_without_a_netlink_lookup(plugins, host, pod) -> None:
+    """CHECK takes the ifb's index from the host's interface table (if_nametoindex, then
+    if_indextoname: its own name, not an altname), and asks its tbf with the rest: two sends.
+    Without it, the ifb is looked up alone, as before (three sends), with the same verdict; a
+    link that only has the ifb's name as an altname is no ifb, as links.get has it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    w = wire(host, pod, 1)
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    out = add(plugins, w, cfg)
+    chk = cfg | {"prevResult": out}
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", GUESSED, host.path, pod.path, json.dumps(chk)],
+                         cwd=root, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["ok"]
+    name = ifb_name("bwnet", "ctr1")
+    host.run("ip", "link", "del", name)
+    host.run("ip", "link", "add", "bwdummy0", "type", "bridge")
+    host.run("ip", "link", "property", "add", "dev", "bwdummy0", "altname", name)
+    code, res, _ = plugins.exec("bandwidth", "CHECK", chk, netns=pod.path)
+    assert code == 1 and res["msg"] == f"ifb {name} for egress shaping not found", res
 
 
 def test_check_without_bandwidth_config_succeeds(plugins, host, pod) -> None:

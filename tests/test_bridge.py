@@ -656,16 +656,21 @@ print(len(sends))
 """
 
 
-@pytest.mark.parametrize(("ranges", "want"), [(None, 3), (DUAL, 4)])
+@pytest.mark.parametrize(("ranges", "routes", "want"), [
+    (None, None, 3), (DUAL, None, 4), (None, [{"dst": "10.30.0.0/16"}, {"dst": "10.31.0.0/16"}], 3),
+    (DUAL, [{"dst": "10.30.0.0/16"}, {"dst": "fd30::/64"}], 4)])
 def test_check_reads_the_pod_veth_and_its_addresses_in_one_send(plugins, host, pod, tmp_path,
-                                                                 ranges, want) -> None:
+                                                                 ranges, routes, want) -> None:
     """What a CHECK sends (in-process, as a daemon's child): the pod's veth and the pod's
     addresses in one send, whatever the number of IPs; the bridge and the host end in one; a
-    route dump per route (the default route of each family)."""
+    route dump per family of the result's routes (the default route of each family, and the
+    IPAM's routes), whatever their number."""
     import sys
     from pathlib import Path
 
     c = conf(tmp_path, ranges=ranges, isDefaultGateway=True)
+    if routes is not None:
+        c["ipam"]["routes"] = routes
     out = plugins.ok("bridge", "ADD", c, netns=pod.path, path=ipam_path(), container_id="ctr1")
     stdin = json.dumps(c | {"prevResult": out})
     root = Path(__file__).resolve().parent.parent

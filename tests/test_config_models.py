@@ -243,3 +243,80 @@ def test_lenient_parse_keeps_what_validates_for_del() -> None:
     assert entry.model_dump() == {"ingressRate": 0, "ingressBurst": 0, "egressRate": 0,
                                   "egressBurst": 0}
     assert parse_lenient(PortMapConf, "not an object")[0].snat is True
+
+
+def _bandwidth_request(config: dict) -> Any:
+    from cni.skel import Request
+
+    return Request(plugin="bandwidth", command="CHECK", container_id="c1", netns="/x",
+                   ifname="eth0", args=[], path=["/x"], config=config, version="1.0.0",
+                   stdin=b"", env={})
+
+
+CRIO_BANDWIDTH = {"cniVersion": "1.0.0", "name": "pycni", "type": "bandwidth",
+                  "capabilities": {"bandwidth": True},
+                  "runtimeConfig": {"bandwidth": {"ingressRate": 100_000_000,
+                                                  "ingressBurst": 34359738359,
+                                                  "egressRate": 100_000_000,
+                                                  "egressBurst": 34359738359}},
+                  "prevResult": {"cniVersion": "1.0.0", "interfaces": [{"name": "veth1"}]}}
+
+
+def test_bandwidth_validates_a_runtime_only_config_once(monkeypatch) -> None:
+    """A config without the four limit keys at its top (CRI-O's, containerd's: the runtime
+    gives them) is validated once, as runtimeConfig.bandwidth, not first as a whole config
+    that has nothing to check; one with them (however cased) as before."""
+    from cni.plugins import bandwidth
+
+    asked: list[str] = []
+    real = bandwidth.parse
+    monkeypatch.setattr(bandwidth, "parse", lambda model, data, prefix="": (
+        asked.append(prefix), real(model, data, prefix))[1])
+    lim = bandwidth.limits(_bandwidth_request(CRIO_BANDWIDTH))
+    assert asked == ["runtimeConfig.bandwidth"]
+    assert lim.ingress.rate == lim.egress.rate == 100_000_000
+    asked.clear()
+    lim = bandwidth.limits(_bandwidth_request(CRIO_BANDWIDTH | {"IngressRate": 8000,
+                                                                "ingressBURST": 80}))
+    assert asked == [""] and lim.ingress.rate == 8000 and lim.egress is None
+
+
+def _limits_validating_first(req: Any) -> Any:
+    """bandwidth.limits as it was: the whole config validated as a BandwidthEntry first."""
+    from cni.plugins import bandwidth
+
+    top = parse(BandwidthEntry, req.config)
+    if top.model_fields_set.intersection(bandwidth.KEYS):
+        return bandwidth._limits(top, req.config, "", sentinel=False)
+    runtime = req.runtime_config
+    entry = runtime.get("bandwidth")
+    if entry is not None:
+        prefix = f"runtimeConfig.{runtime.written('bandwidth')}"
+        return bandwidth._limits(parse(BandwidthEntry, entry, prefix), entry, prefix + ".",
+                                 sentinel=True)
+    return bandwidth._from_annotations(runtime.get(bandwidth.ANNOTATIONS))
+
+
+_BW_KEYS = st.sampled_from(["ingressRate", "INGRESSRATE", "ingressBurst", "egressrate",
+                            "egressBurst", "EgressBurst", "ingressRat", "name", "other"])
+_BW_VALUES = st.one_of(st.none(), st.integers(-1, 2**40), st.sampled_from(["1", 1.5, True]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(top=st.dictionaries(_BW_KEYS, _BW_VALUES, max_size=4),
+       runtime=st.one_of(st.none(), st.dictionaries(_BW_KEYS, _BW_VALUES, max_size=4)))
+def test_bandwidth_limits_are_what_validating_the_config_first_gave(top, runtime) -> None:
+    from cni.plugins import bandwidth
+
+    config = {"cniVersion": "1.0.0", "type": "bandwidth", **top}
+    if runtime is not None:
+        config["runtimeConfig"] = {"bandwidth": runtime}
+    req = _bandwidth_request(config)
+
+    def result(fn: Any) -> Any:
+        try:
+            return ("ok", fn(req))
+        except CNIError as e:
+            return ("error", e.code, e.msg)
+
+    assert result(bandwidth.limits) == result(_limits_validating_first)

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cnitest import loaded_by
@@ -159,3 +160,110 @@ def test_delegation_imports_only_the_exec_module() -> None:
     subprocess (imported when a plugin is exec'd), would cost each one ~5 ms."""
     assert loaded_by("cni.ipam.delegate", ("subprocess", "cni.runtime.chain",
                                            "cni.runtime.cache", "cni.runtime.conflist")) == []
+
+
+def _bridge_check(config: dict, cid: str = "ctr1") -> Any:
+    """skel.run of a bridge CHECK whose verb is only its IPAM's CHECK (the links and rules are
+    other tests' business): the Reply, as the runtime would read it."""
+    from cni import skel
+
+    env = {"CNI_COMMAND": "CHECK", "CNI_CONTAINERID": cid, "CNI_NETNS": "/dev/null",
+           "CNI_IFNAME": "eth0", "CNI_PATH": str(ROOT / "bin"),
+           "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    return skel.run("bridge", env, json.dumps(config).encode())
+
+
+@pytest.fixture
+def ipam_only_bridge(monkeypatch):
+    from cni import skel
+    from cni.ipam import delegate as ipam
+
+    bridge = skel.load("bridge")
+
+    def check(req):
+        ipam.check(req, req.config["ipam"]["type"])
+        req.log("after IPAM")
+    monkeypatch.setattr(bridge, "check", check)
+
+
+def _added(tmp_path: Path, version: str = "1.0.0") -> dict:
+    config = bridge_conf(tmp_path, version)
+    result = delegate.add(request(config, OURS_PATH), "host-local")
+    return config | {"prevResult": {"cniVersion": version, "interfaces": [],
+                                    "ips": result["ips"], "routes": result["routes"]}}
+
+
+def test_in_process_check_reads_the_config_once(tmp_path, monkeypatch, ipam_only_bridge):
+    """The IPAM's CHECK in-process does not decode the stdin and prevResult skel has just
+    decoded and checked for the main plugin (its own verb, the same input)."""
+    from cni import skel
+
+    config = _added(tmp_path)
+    decoded: list[int] = []
+    real = skel.decode_config
+    monkeypatch.setattr(skel, "decode_config", lambda stdin: (decoded.append(1), real(stdin))[1])
+    reply = _bridge_check(config)
+    assert reply.code == 0, reply
+    assert len(decoded) == 1
+
+
+def _states(tmp_path: Path) -> list[tuple[str, dict]]:
+    """Configs whose IPAM CHECK succeeds, and fails each way host-local fails it."""
+    ok = _added(tmp_path)
+    gone = json.loads(json.dumps(ok))
+    gone["prevResult"]["ips"][0]["address"] = "10.110.0.99/24"  # not reserved for it
+    bad = json.loads(json.dumps(ok))
+    bad["ipam"]["ranges"] = [[{"subnet": "10.110.0.1/24"}]]  # host bits: error 7
+    old = ok | {"cniVersion": "0.3.1"}  # CHECK is refused before 0.4.0
+    weird = json.loads(json.dumps(ok))
+    weird["ipam"]["dataDir"] = str(tmp_path / "file")  # a store that is a file: 999
+    (tmp_path / "file").write_text("x")
+    return [("ok", ok), ("gone", gone), ("bad", bad), ("old", old), ("weird", weird),
+            ("other", ok | {"name": "net2"})]  # nothing reserved in that network
+
+
+def test_in_process_check_answers_as_skel_run(tmp_path, monkeypatch, ipam_only_bridge):
+    """The same Reply, byte for byte (result, error and code, the log lines), as the IPAM's
+    CHECK run by skel.run on the main plugin's environment and stdin."""
+    from cni import skel
+
+    states = _states(tmp_path)
+    fast = {name: _bridge_check(config) for name, config in states}
+    monkeypatch.setattr(skel, "run_nested", lambda parent, plugin: skel.run(
+        plugin, {**parent.env, "CNI_COMMAND": parent.command}, parent.stdin,
+        parent.netns_fd))
+    slow = {name: _bridge_check(config) for name, config in states}
+    assert fast == slow
+    assert fast["ok"].code == 0 and {r.code for n, r in fast.items() if n != "ok"} == {1}
+    assert len({r.stdout for r in fast.values()}) == len(fast)  # each its own error
+
+
+def test_is_ours_is_remembered_until_the_file_or_link_changes(tmp_path, monkeypatch):
+    """A spare asks is_ours for every IPAM call: the path is resolved and the file read once,
+    and again when the file (rewritten, replaced) or the symlink (re-pointed) changes."""
+    import pathlib
+
+    resolved: list[str] = []
+    real = pathlib.Path.resolve
+    monkeypatch.setattr(pathlib.Path, "resolve",
+                        lambda self, *a, **k: (resolved.append(str(self)), real(self, *a, **k))[1])
+    copy = tmp_path / "pycni-plugin"
+    shutil.copy(ROOT / "bin" / "cni-plugin", copy)
+    link = tmp_path / "host-local"
+    link.symlink_to(copy.name)
+    assert delegate.is_ours(str(link)) and delegate.is_ours(str(link))
+    assert len(resolved) == 1, "asked again of a file and link that did not change"
+    other = tmp_path / "other"
+    other.write_bytes(b"#!/bin/sh\nexit 0\n")
+    link.unlink()
+    link.symlink_to(other.name)
+    assert not delegate.is_ours(str(link))  # re-pointed
+    other.write_bytes(copy.read_bytes())
+    assert delegate.is_ours(str(link))  # the file it leads to rewritten, the link as it was
+    assert len(resolved) == 3
+
+
+def test_the_repo_executable_carries_the_marker():
+    """is_ours remembers a file's answer whichever path leads to it: right only because the
+    repo's executable (known by its path) carries the marker as installed copies do."""
+    assert delegate.MARKER in (ROOT / "bin" / "cni-plugin").read_bytes()[:1024]

@@ -98,6 +98,37 @@ def test_kept_nft_sockets_answer_in_their_namespace_only(host, pod) -> None:
     _script_says_ok(KEPT_NFT, host.path, pod.path, str(handle))
 
 
+ONE_SEND = """
+import os, sys
+from cni.host import nftrecord
+from cni.host.nsfd import setns
+
+host, handle = sys.argv[1], int(sys.argv[2])
+setns(os.open(host, os.O_RDONLY))
+nftrecord.keep_home_sockets()
+kept = nftrecord._kept[1]["inet"].asyncore
+sends = []
+real = kept.send
+kept.send = lambda data, flags=0: sends.append(len(data)) or real(data, flags)
+asked = [("c", handle), ("c", handle + 50), ("nochain", handle), ("c", handle)]
+assert nftrecord.comments("inet", "pycni_one", asked) == ["one", None, None, "one"]
+assert len(sends) == 1, f"one send for the rules a verb asks about, not {len(sends)}"
+assert nftrecord.comments("inet", "pycni_one", []) == [] and len(sends) == 1
+print("ok")
+"""
+
+
+def test_the_rules_a_verb_asks_about_go_in_one_send(host) -> None:
+    """A CHECK asks the kernel for each recorded rule (a hostPort's three, a dual-stack pod's
+    masquerade rules): one send, one turn of the socket's loop, not one per rule."""
+    host.run("nft", 'add table inet pycni_one; add chain inet pycni_one c; '
+             'add rule inet pycni_one c continue comment "one"')
+    listed = host.run("nft", "-a", "list", "chain", "inet", "pycni_one", "c").stdout
+    handle = next(int(line.split("# handle ")[1]) for line in listed.splitlines()
+                  if '"one"' in line)
+    _script_says_ok(ONE_SEND, host.path, str(handle))
+
+
 KEPT_LOOP = """
 import os, sys, threading
 from cni.host import links, netns

@@ -144,26 +144,59 @@ def comments(family: str, table: str, rules: list[tuple[str, int]]) -> list[str 
     rule), as the kernel answers for one rule by table, chain and handle (NFT_MSG_GETRULE
     without a dump; nft's CLI has no such query), through pyroute2's NFTSocket (pyroute2 is
     the netlink layer of every verb, imported anyway): a kept one in its namespace, else one
-    made for the call."""
+    made for the call. Several rules are asked in one send (nlm_request_batch; each get asks
+    for an ACK, which ends its answer; ~60 us less for four rules): a rule that is not there
+    (ENOENT, or its chain or table) has no answer, as a refused get alone, and is None. One
+    rule is asked alone, without the ACK (~10 us less than a batch of one)."""
     from pyroute2 import NetlinkError, NFTSocket
     from pyroute2.netlink import NLM_F_REQUEST
-    from pyroute2.netlink.nfnetlink.nftsocket import NFT_MSG_GETRULE, nft_rule_msg
+    from pyroute2.netlink.nfnetlink.nftsocket import NFT_MSG_GETRULE
 
-    out: list[str | None] = []
+    if not rules:
+        return []
     kept = _kept[1].get(family) if _kept is not None and _kept[0] == netns.ns_key() else None
     sock = kept or NFTSocket(nfgen_family=NFPROTO[family])
     try:
-        for chain, handle in rules:
-            msg = nft_rule_msg()
-            msg["attrs"] = [("NFTA_RULE_TABLE", table), ("NFTA_RULE_CHAIN", chain),
-                            ("NFTA_RULE_HANDLE", handle)]
+        asked = [get_rule_message(family, table, chain, handle) for chain, handle in rules]
+        if len(asked) == 1:  # request_get sets its own header: type, flags (no ACK)
             try:
-                reply = sock.request_get(msg, NFT_MSG_GETRULE, msg_flags=NLM_F_REQUEST)
+                replies = sock.request_get(asked[0], NFT_MSG_GETRULE, msg_flags=NLM_F_REQUEST)
             except NetlinkError:
-                out.append(None)  # ENOENT: gone (or the chain or table is)
-                continue
-            out.append(next((str(m.get_attr("NFTA_RULE_USERDATA") or "") for m in reply), None))
+                replies = ()  # ENOENT: gone (or the chain or table is)
+        else:
+            replies = sock.nlm_request_batch(asked, noraise=True)
     finally:
         if sock is not kept:
             sock.close()
-    return out
+    new_rule = _nft_type("NEWRULE")
+    found: dict[int, str] = {}
+    for m in replies:
+        header = m["header"]
+        if header["type"] == new_rule:
+            found.setdefault(header["sequence_number"],
+                             str(m.get_attr("NFTA_RULE_USERDATA") or ""))
+    # nlm_request_batch numbered each request's header in place; its answer carries that number
+    return [found.get(msg["header"]["sequence_number"]) for msg in asked]
+
+
+def _nft_type(name: str) -> int:
+    """The netlink message type of NFT_MSG_<name> (nfnetlink's subsystem in the high byte)."""
+    from pyroute2.netlink.nfnetlink import NFNL_SUBSYS_NFTABLES, nftsocket
+
+    return (NFNL_SUBSYS_NFTABLES << 8) | getattr(nftsocket, f"NFT_MSG_{name}")
+
+
+def get_rule_message(family: str, table: str, chain: str, handle: int) -> Any:
+    """The NFT_MSG_GETRULE of one rule that NFTSocket(nfgen_family=...).request_get(msg,
+    NFT_MSG_GETRULE, msg_flags=NLM_F_REQUEST) sends, with NLM_F_ACK too (so that a batch
+    reads its answer to the end), for nlm_request_batch."""
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
+    from pyroute2.netlink.nfnetlink.nftsocket import nft_rule_msg
+
+    msg = nft_rule_msg()
+    msg["attrs"] = [("NFTA_RULE_TABLE", table), ("NFTA_RULE_CHAIN", chain),
+                    ("NFTA_RULE_HANDLE", handle)]
+    msg["nfgen_family"] = NFPROTO[family]
+    msg["header"]["type"] = _nft_type("GETRULE")
+    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
+    return msg

@@ -87,15 +87,22 @@ def _gateways(msg) -> list[str]:
     return found
 
 
-def find(ipr, dst: str, gw: str | None = None) -> list:
+def find(ipr, dst: str, gw: str | None = None, dumped: dict[int, list] | None = None) -> list:
     """Routes (main table and others) to exactly `dst`, through `gw` if given, as
-    (dst_len, dst, gateways)."""
+    (dst_len, dst, gateways). `dumped`: the family's dump, kept by family for the next call
+    of the same caller (CHECK's routes: one dump per family, not one per route)."""
     want = ipaddress.ip_network(dst, strict=False)
+    family = family_of(dst)
+    replies = dumped.get(family) if dumped is not None else None
+    if replies is None:
+        replies = _request(ipr, family, dump=True)
+        if dumped is not None:
+            dumped[family] = replies
     found = []
-    for msg in _request(ipr, family_of(dst), dump=True):
-        got, gws = msg.get_attr("RTA_DST"), _gateways(msg)
+    for msg in replies:
         if msg["dst_len"] != want.prefixlen:
-            continue
+            continue  # (a header field: the other routes' attributes are never decoded)
+        got, gws = msg.get_attr("RTA_DST"), _gateways(msg)
         if want.prefixlen and (got is None or ipaddress.ip_address(got) != want.network_address):
             continue
         if gw and gws and gw not in gws:

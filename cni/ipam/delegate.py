@@ -9,8 +9,10 @@ stdout, its error JSON, its result converted from the version it printed.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +93,29 @@ def validate_type(ipam_type: Any) -> None:
 
 
 def is_ours(executable: str) -> bool:
-    """Our multi-call executable (the repo's, or an installed copy carrying the marker)."""
+    """Our multi-call executable (the repo's, or an installed copy carrying the marker).
+    Remembered for the path while neither it (a symlink re-pointed) nor the file it leads to
+    (replaced, rewritten: its inode, size and times) changes: a spare asks it for every IPAM
+    call of the bridge plugin, and the answer is a path resolution and a read (~70 us of a
+    CHECK in a spare). The repo's executable carries the marker too, so the answer is the
+    file's, whichever path leads to it."""
+    try:
+        link, target = os.lstat(executable), os.stat(executable)
+    except OSError:
+        return _is_ours(executable)
+    return _is_ours_at(executable, _identity(link), _identity(target))
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+@functools.lru_cache(maxsize=16)  # the IPAM plugins found in a runtime's few CNI_PATHs
+def _is_ours_at(executable: str, link: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    return _is_ours(executable)
+
+
+def _is_ours(executable: str) -> bool:
     try:
         if Path(executable).resolve() == _MULTICALL:
             return True
@@ -105,7 +129,10 @@ def _invoke(req: Request, ipam_type: str, command: str, removed: bool = False) -
     executable = find(ipam_type, req.path)
     env = {**req.env, "CNI_COMMAND": command}
     if is_ours(executable):
-        reply = skel.run(ipam_type, env, req.stdin, req.netns_fd)
+        if command == req.command == "CHECK":  # its own verb: skel has read and checked this
+            reply = skel.run_nested(req, ipam_type)  # input for the main plugin already
+        else:
+            reply = skel.run(ipam_type, env, req.stdin, req.netns_fd)
         _log(req, reply.stderr.decode("utf-8", "replace"))
         if reply.code != 0:
             raise invoke.plugin_error(reply.code, reply.stdout, reply.stderr)

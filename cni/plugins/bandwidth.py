@@ -54,6 +54,7 @@ from cni.spec.errors import CNIError, Code, invalid_config
 from cni.spec.result import Result
 
 KEYS = ("ingressRate", "ingressBurst", "egressRate", "egressBurst")
+_FOLDED_KEYS = frozenset(k.lower() for k in KEYS)  # keys.fold of each (ASCII names)
 ANNOTATIONS = "io.kubernetes.cri.pod-annotations"
 INGRESS_ANNOTATION = "kubernetes.io/ingress-bandwidth"
 EGRESS_ANNOTATION = "kubernetes.io/egress-bandwidth"
@@ -141,10 +142,14 @@ def _at(key: str, value: int, msg: str) -> ValidationError:
 
 
 def limits(req: Request) -> Limits | None:
-    """The limits to apply, from the first source present; None when there are none."""
-    top = parse(BandwidthEntry, req.config)
-    if top.model_fields_set.intersection(KEYS):  # any of the four keys, even null (not extras)
-        return _limits(top, req.config, "", sentinel=False)
+    """The limits to apply, from the first source present; None when there are none. The
+    config is validated as a BandwidthEntry only when it has one of the four keys (however
+    cased): without them that model has nothing to check and no field set, so the runtime's
+    come next (CRI-O's and containerd's requests: one validation, not two)."""
+    if any(isinstance(k, str) and keys.fold(k) in _FOLDED_KEYS for k in req.config):
+        top = parse(BandwidthEntry, req.config)
+        if top.model_fields_set.intersection(KEYS):  # any of the four, even null (not extras)
+            return _limits(top, req.config, "", sentinel=False)
     runtime = req.runtime_config
     entry = runtime.get("bandwidth")
     if entry is not None:
@@ -404,11 +409,19 @@ def check(req: Request) -> None:
         return  # nothing to shape, nothing to check (reference #1221 crashed here)
     ingress, egress = lim
     name = ifb_name(req.network, req.container_id)
+    # The ifb's index from the host's interface table (if_nametoindex and back: two ioctls, no
+    # netlink), so that its root qdisc is asked in the same send as the rest; without it (no
+    # such link, or a name that is only an altname), the ifb is looked up in that send instead
+    # and its qdisc asked after, as before.
+    found = _ifindex(name) if egress is not None else None
 
     def reads(ipr, index: int) -> list[Any]:  # with the host end's lookup, in one send
         root = [tc.root_request(ipr, index)] if ingress is not None else []
-        tail = [links.get_request(ifname=name), tc.filters_request(index)] \
-            if egress is not None else []
+        tail: list[Any] = []
+        if egress is not None:  # the ifb's tbf, or else (as before) its lookup by name
+            tail.append(tc.root_request(ipr, found) if found is not None
+                        else links.get_request(ifname=name))
+            tail.append(tc.filters_request(index))
         return root + tail  # the dump last
 
     veth, replies = _host_veth_reading(req, _require_prev(req), reads)
@@ -418,14 +431,30 @@ def check(req: Request) -> None:
             _compare(veth.name, tc.read_tbf(ipr, veth.index, replies.pop(0)),
                      _tbf(ingress, veth.mtu, req.log, ticks))
         if egress is not None:
-            ifb_replies, filter_replies = replies
-            index = ifb.lookup(ipr, name, ifb_replies)
+            ifb_read, filter_replies = replies
+            ifb_root = ifb_read if found is not None else None
+            index = found if found is not None else ifb.lookup(ipr, name, ifb_read)
             if index is None:
                 raise CNIError(Code.INTERNAL, f"ifb {name} for egress shaping not found")
             if index not in tc.redirect_targets(ipr, veth.index, filter_replies):
                 raise CNIError(Code.INTERNAL,
                                f"no ingress redirect from {veth.name} to ifb {name}")
-            _compare(name, tc.read_tbf(ipr, index), _tbf(egress, veth.mtu, req.log, ticks))
+            # (read_tbf takes the batch's qdisc if it is this index's, else asks alone)
+            _compare(name, tc.read_tbf(ipr, index, ifb_root),
+                     _tbf(egress, veth.mtu, req.log, ticks))
+
+
+def _ifindex(name: str) -> int | None:
+    """The index of the link called `name` in this namespace, or None: if_nametoindex, and
+    if_indextoname to be sure that it is the link's name (the kernel resolves altnames too;
+    links.get takes IFLA_IFNAME only). One ioctl each, no netlink."""
+    import socket
+
+    try:
+        index = socket.if_nametoindex(name)
+        return index if socket.if_indextoname(index) == name else None
+    except OSError:
+        return None
 
 
 def _compare(dev: str, found, want) -> None:

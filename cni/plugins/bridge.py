@@ -417,8 +417,9 @@ def check(req: Request) -> None:
             if not addrs.has(cipr, cont.index, ipc["address"], cont_addresses):
                 raise CNIError(Code.INTERNAL, f"Failed to match addr {ipc['address']} on "
                                f"interface {req.ifname}")
+        dumped: dict[int, list] = {}  # the routes of a family, dumped once for all its routes
         for route in prev.get("routes", []):
-            if not routes.find(cipr, route["dst"], route.get("gw")):
+            if not routes.find(cipr, route["dst"], route.get("gw"), dumped):
                 raise CNIError(Code.INTERNAL, f"Failed to find route '{route['dst']}' in "
                                "container")
 
