@@ -513,9 +513,8 @@ def test_check_and_del_cost_few_round_trips(host, pod) -> None:
 GUESSED = """
 import os, sys
 from cni import skel
-from cni.host import netns
+from cni.host import links, netns
 from cni.host.nsfd import setns
-from cni.plugins import bandwidth
 
 host, pod, stdin = sys.argv[1], sys.argv[2], sys.argv[3].encode()
 setns(os.open(host, os.O_RDONLY))
@@ -531,10 +530,10 @@ def counted():
     return ipr
 
 netns.new_socket = counted
-real = getattr(bandwidth, "_ifindex", None)
+real = links.index_of
 for guess, want in ((real, 2), (lambda name: None, 3)):
     if guess is not None:
-        bandwidth._ifindex = guess  # the interface table's answer, or none (the ioctl failed)
+        links.index_of = guess  # the interface table's answer, or none (the ioctl failed)
     sends.clear()
     reply = skel.run("bandwidth", env, stdin)
     # the pod's veth; the host's reads, with the ifb's tbf; without the ifb's index from the

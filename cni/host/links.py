@@ -204,6 +204,20 @@ def names() -> set[str]:
     return {name for _, name in socket.if_nameindex()}
 
 
+def index_of(name: str) -> int | None:
+    """The index of the link called `name` in the calling thread's namespace, or None, from
+    the interface table (if_nametoindex, then if_indextoname, so that an altname does not count,
+    as get() takes IFLA_IFNAME only): one ioctl each, nothing decoded. A hint for batching
+    requests, not a lookup: a link can go and come between this and the next request."""
+    import socket
+
+    try:
+        index = socket.if_nametoindex(name)
+        return index if socket.if_indextoname(index) == name else None
+    except OSError:
+        return None
+
+
 def by_index(ipr: IPRoute, index: int, replies: list[Any] | None = None) -> Link | None:
     """The link of that index, or None; `replies`: a get_request(index)'s, as get's."""
     return from_message(replies[0]) if replies else _one(ipr, index=index)

@@ -413,7 +413,7 @@ def check(req: Request) -> None:
     # netlink), so that its root qdisc is asked in the same send as the rest; without it (no
     # such link, or a name that is only an altname), the ifb is looked up in that send instead
     # and its qdisc asked after, as before.
-    found = _ifindex(name) if egress is not None else None
+    found = links.index_of(name) if egress is not None else None
 
     def reads(ipr, index: int) -> list[Any]:  # with the host end's lookup, in one send
         root = [tc.root_request(ipr, index)] if ingress is not None else []
@@ -442,19 +442,6 @@ def check(req: Request) -> None:
             # (read_tbf takes the batch's qdisc if it is this index's, else asks alone)
             _compare(name, tc.read_tbf(ipr, index, ifb_root),
                      _tbf(egress, veth.mtu, req.log, ticks))
-
-
-def _ifindex(name: str) -> int | None:
-    """The index of the link called `name` in this namespace, or None: if_nametoindex, and
-    if_indextoname to be sure that it is the link's name (the kernel resolves altnames too;
-    links.get takes IFLA_IFNAME only). One ioctl each, no netlink."""
-    import socket
-
-    try:
-        index = socket.if_nametoindex(name)
-        return index if socket.if_indextoname(index) == name else None
-    except OSError:
-        return None
 
 
 def _compare(dev: str, found, want) -> None:
