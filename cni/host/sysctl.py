@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import locale
 import os
 
 ROOT = "/proc/sys"
@@ -15,14 +16,36 @@ def _path(key: str) -> str:
     return path
 
 
+# read and write do what open(path) / open(path, "w") and the text file's read / write did (the
+# same flags, mode, encoding, newlines and errors), on the fd itself: no io objects, no isatty
+# ioctl, no lseeks (a bridge ADD reads one sysctl and writes five).
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+
+
 def read(key: str) -> str:
-    with open(_path(key)) as f:
-        return f.read().strip()
+    path = _path(key)
+    fd = os.open(path, _READ_FLAGS)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+    except IsADirectoryError as e:  # open() refuses a directory so, naming it
+        raise IsADirectoryError(e.errno, e.strerror, path) from None
+    finally:
+        os.close(fd)
+    text = b"".join(chunks).decode(locale.getpreferredencoding(False))
+    return text.replace("\r\n", "\n").replace("\r", "\n").strip()  # universal newlines
 
 
 def write(key: str, value: str | int) -> None:
-    with open(_path(key), "w") as f:
-        f.write(str(value))
+    fd = os.open(_path(key), _WRITE_FLAGS, 0o666)
+    try:
+        view = memoryview(str(value).encode(locale.getpreferredencoding(False)))
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 def conf(family: int, ifname: str, name: str) -> str:
