@@ -270,6 +270,37 @@ def test_last_reserved_outside_the_set_starts_at_range_start(tmp_path):
     assert addresses(ok("ADD", config)) == ["10.32.0.100/24"]
 
 
+def test_last_reserved_written_over_and_truncated_only_when_shorter(tmp_path, monkeypatch):
+    """Each ADD rewrites last_reserved_ip.N: over its content when the address is as long or
+    longer (no O_TRUNC: ext4 frees the file's block and allocates another), truncated first
+    when shorter; the file holds exactly the address every time."""
+    from cni.ipam import store
+
+    truncated: list[str] = []
+    real_open = os.open
+
+    def spy(path, flags, *args, **kwargs):
+        if str(path).startswith(store.LAST_IP_PREFIX) and flags & os.O_TRUNC:
+            truncated.append(str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(store.os, "open", spy)
+    config = conf(tmp_path, subnet="10.32.0.0/24")
+    last = tmp_path / "net1" / "last_reserved_ip.0"
+    assert addresses(ok("ADD", config, cid="a")) == ["10.32.0.2/24"]  # made
+    assert addresses(ok("ADD", config, cid="b")) == ["10.32.0.3/24"]  # as long
+    assert last.read_bytes() == b"10.32.0.3"
+    last.write_text("10.32.0.99")
+    assert addresses(ok("ADD", config, cid="c")) == ["10.32.0.100/24"]  # longer
+    assert last.read_bytes() == b"10.32.0.100"
+    assert truncated == []
+    last.write_text("10.32.0.254")  # the pool's end: wraps to .2, .3 taken, .4 (shorter)
+    assert addresses(ok("ADD", config, cid="d")) == ["10.32.0.4/24"]
+    assert last.read_bytes() == b"10.32.0.4"
+    assert truncated == []  # ftruncate on the open fd, not O_TRUNC
+    assert last.stat().st_size == len(b"10.32.0.4")
+
+
 def test_range_start_on_gateway_skips_it_and_custom_gateway(tmp_path):
     config = conf(tmp_path, subnet="10.33.0.0/24", rangeStart="10.33.0.1", gateway="10.33.0.2")
     out = ok("ADD", config)
