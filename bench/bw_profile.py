@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(os.environ.get("PYCNI_BWPROF_ROOT") or Path(__file__).resolve().parent.parent)
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]
 
-from world import become_spare_like  # noqa: E402
+from world import become_spare_like, install_steps  # noqa: E402
 
 CRIO_RUNTIME = {
     "bandwidth": {"ingressRate": 100_000_000, "ingressBurst": 34359738359,
@@ -70,7 +70,7 @@ def main() -> None:
     preload.keep_home_sockets()
     from cni import skel
 
-    steps = _install_steps() if opts.steps else None
+    steps = install_steps(STEPS, kept_socket=True) if opts.steps else None
 
     pod = f"pycni-bwprof-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", pod], check=True)
@@ -213,41 +213,6 @@ STEPS = {
     "cni.skel": ("require_printable", "decode_config"),
     "copy": ("deepcopy",),
 }
-
-
-def _install_steps() -> dict[str, list]:
-    import importlib
-
-    acc: dict[str, list] = {}
-    depth = [0]
-
-    def wrap(label, fn):
-        def timed(*a, **k):
-            depth[0] += 1
-            t = time.process_time()
-            u = resource.getrusage(resource.RUSAGE_SELF).ru_utime
-            try:
-                return fn(*a, **k)
-            finally:
-                depth[0] -= 1
-                slot = acc.setdefault("  " * depth[0] + label, [0.0, 0, 0.0])
-                slot[0] += (time.process_time() - t) * 1e3
-                slot[1] += 1
-                slot[2] += (resource.getrusage(resource.RUSAGE_SELF).ru_utime - u) * 1e3
-        return timed
-
-    from cni.host import netns
-
-    kept = netns._kept[1] if netns._kept else None
-    for n in ("get_netnsid", "nlm_request_batch", "nlm_request"):
-        if kept is not None:
-            setattr(kept, n, wrap(f"ipr.{n}", getattr(kept, n)))
-    for mod, names in STEPS.items():
-        m = importlib.import_module(mod)
-        for n in names:
-            if hasattr(m, n):
-                setattr(m, n, wrap(f"{mod.split('.')[-1]}.{n}", getattr(m, n)))
-    return acc
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(os.environ.get("PYCNI_CHECKPROF_ROOT") or Path(__file__).resolve().parent.parent)
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]
 
-from world import become_spare_like, enter_private_mounts  # noqa: E402
+from world import become_spare_like, enter_private_mounts, install_steps  # noqa: E402
 
 CRIO_ARGS = ("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench-1;"
              f"K8S_POD_INFRA_CONTAINER_ID={'0' * 64};K8S_POD_UID=bench")
@@ -82,7 +82,7 @@ def main() -> None:
     preload.keep_home_sockets()
     from cni import skel
 
-    steps = _install_steps() if opts.steps else None
+    steps = install_steps(STEPS) if opts.steps else None
     per_step: dict[str, list[list]] = {}
     tmp = Path(tempfile.mkdtemp(prefix="pycni-checkprof-"))
     plugins = chain(tmp / "ipam", opts.hostports, opts.routes)
@@ -181,36 +181,6 @@ STEPS = {
     "cni.spec.config": ("parse",),
     "cni.skel": ("decode_config", "dispatch"),
 }
-
-
-def _install_steps() -> dict[str, list]:
-    """Each STEPS function wrapped: its CPU ms and calls per request, nested by depth."""
-    import importlib
-    import resource
-
-    acc: dict[str, list] = {}
-    depth = [0]
-
-    def wrap(label, fn):
-        def timed(*a, **k):
-            depth[0] += 1
-            t = time.process_time()
-            try:
-                return fn(*a, **k)
-            finally:
-                depth[0] -= 1
-                slot = acc.setdefault("  " * depth[0] + label, [0.0, 0])
-                slot[0] += (time.process_time() - t) * 1e3
-                slot[1] += 1
-        return timed
-
-    del resource
-    for mod, names in STEPS.items():
-        m = importlib.import_module(mod)
-        for n in names:
-            if hasattr(m, n):
-                setattr(m, n, wrap(f"{mod.split('.')[-1]}.{n}", getattr(m, n)))
-    return acc
 
 
 if __name__ == "__main__":

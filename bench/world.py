@@ -53,6 +53,47 @@ def become_spare_like() -> None:
     gc.disable()
 
 
+def install_steps(steps: dict[str, tuple[str, ...]], kept_socket: bool = False) -> dict[str, list]:
+    """Each function of `steps` (module -> names) wrapped in place, for the in-process profiles:
+    returns what they add up per request, label -> [CPU ms, calls, user ms], labels indented by
+    nesting depth (clear it between requests). `kept_socket`: the spare's kept IPRoute's
+    request methods too (netns.keep_home_socket first)."""
+    import importlib
+    import resource
+
+    acc: dict[str, list] = {}
+    depth = [0]
+
+    def wrap(label, fn):
+        def timed(*a, **k):
+            depth[0] += 1
+            t = time.process_time()
+            u = resource.getrusage(resource.RUSAGE_SELF).ru_utime
+            try:
+                return fn(*a, **k)
+            finally:
+                depth[0] -= 1
+                slot = acc.setdefault("  " * depth[0] + label, [0.0, 0, 0.0])
+                slot[0] += (time.process_time() - t) * 1e3
+                slot[1] += 1
+                slot[2] += (resource.getrusage(resource.RUSAGE_SELF).ru_utime - u) * 1e3
+        return timed
+
+    if kept_socket:
+        from cni.host import netns
+
+        kept = netns._kept[1] if netns._kept else None
+        for n in ("get_netnsid", "nlm_request_batch", "nlm_request"):
+            if kept is not None:
+                setattr(kept, n, wrap(f"ipr.{n}", getattr(kept, n)))
+    for mod, names in steps.items():
+        m = importlib.import_module(mod)
+        for n in names:
+            if hasattr(m, n):
+                setattr(m, n, wrap(f"{mod.split('.')[-1]}.{n}", getattr(m, n)))
+    return acc
+
+
 def our_bin(tmp: Path) -> tuple[Path, str]:
     """What `pycni install` writes (direct #! to the venv python), else the repo's bin/."""
     try:
