@@ -157,3 +157,13 @@ def test_bridge_type_error_names_key_as_written() -> None:
 def test_gc_valid_attachments_entries_capitalised() -> None:
     req = request({"cni.dev/valid-attachments": [{"ContainerID": "a", "IfName": "eth0"}]})
     assert skel.valid_attachments(req.config) == {("a", "eth0")}
+
+
+def test_is_one_of_folds_as_go_and_skips_keys_that_are_not_strings() -> None:
+    assert keys.is_one_of("ingressRate", bandwidth.KEYS)
+    assert keys.is_one_of("IngressRate", bandwidth.KEYS)  # containerd's CRI spelling
+    assert keys.is_one_of("INGRESSBURST", bandwidth.KEYS)
+    assert keys.is_one_of("maſk", ("mask",))  # the long s folds to s, as EqualFold
+    assert not keys.is_one_of("ingress_rate", bandwidth.KEYS)
+    assert not keys.is_one_of(1, bandwidth.KEYS)
+    assert not keys.is_one_of(None, ("mac",))

@@ -54,7 +54,6 @@ from cni.spec.errors import CNIError, Code, invalid_config
 from cni.spec.result import Result
 
 KEYS = ("ingressRate", "ingressBurst", "egressRate", "egressBurst")
-_FOLDED_KEYS = frozenset(k.lower() for k in KEYS)  # keys.fold of each (ASCII names)
 ANNOTATIONS = "io.kubernetes.cri.pod-annotations"
 INGRESS_ANNOTATION = "kubernetes.io/ingress-bandwidth"
 EGRESS_ANNOTATION = "kubernetes.io/egress-bandwidth"
@@ -146,7 +145,7 @@ def limits(req: Request) -> Limits | None:
     config is validated as a BandwidthEntry only when it has one of the four keys (however
     cased): without them that model has nothing to check and no field set, so the runtime's
     come next (CRI-O's and containerd's requests: one validation, not two)."""
-    if any(isinstance(k, str) and keys.fold(k) in _FOLDED_KEYS for k in req.config):
+    if any(keys.is_one_of(k, KEYS) for k in req.config):
         top = parse(BandwidthEntry, req.config)
         if top.model_fields_set.intersection(KEYS):  # any of the four, even null (not extras)
             return _limits(top, req.config, "", sentinel=False)

@@ -89,7 +89,7 @@ def load(req: Request, strict: bool = True) -> NetConf:
     STATUS) only types are checked: a config ADD would refuse must still be deletable."""
     derived = ("mac", "vlans")  # fields load() fills in, never read from the config
     conf = parse(NetConf, {k: v for k, v in req.config.items()
-                           if not (isinstance(k, str) and keys.fold(k) in derived)})
+                           if not keys.is_one_of(k, derived)})
     if not strict:
         return conf
     validate_ifname_key("bridge", conf.bridge)
@@ -113,8 +113,7 @@ def load_for_del(req: Request) -> NetConf:
     a DEL chain at the first error: a refusing bridge would leak the whole attachment)."""
     derived = ("mac", "vlans")
     conf, dropped = parse_lenient(NetConf, {k: v for k, v in req.config.items()
-                                            if not (isinstance(k, str)
-                                                    and keys.fold(k) in derived)})
+                                            if not keys.is_one_of(k, derived)})
     if dropped:
         req.log(f"DEL: config keys {', '.join(dropped)} ignored (values ADD would refuse)")
     return conf

@@ -84,6 +84,15 @@ def match(raw: Mapping[str, Any], known: Iterable[str]) -> Keys:
     return Keys(raw, known)
 
 
+def is_one_of(key: Any, known: Iterable[str]) -> bool:
+    """Whether the config key `key` is one of `known`, however cased (a caller's dict may have
+    keys that are not strings: never one)."""
+    if not isinstance(key, str):
+        return False
+    names, canonical = _canonical(known)
+    return key in names or fold(key) in canonical
+
+
 def get(raw: Mapping[str, Any], key: str, default: Any = None) -> Any:
     """One key, however cased: the exact spelling if present, else the last folded match."""
     if key in raw:
