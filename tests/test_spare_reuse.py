@@ -9,6 +9,7 @@ import gc
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -34,6 +35,8 @@ from cni.host.errors import NamespaceMissing
 from cni.host.nsfd import libc, setns
 
 NOT_BACK = "a spare exits instead of serving again"
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
 
 
 def test_entering_a_missing_namespace_leaves_no_fd_open() -> None:
@@ -123,7 +126,8 @@ def test_garbage_from_before_a_request_is_not_taken_for_the_requests(host: Netns
     assert out["back"] is True, out.get("said")
 
 
-LEFT = ["fd", "fd-swapped", "thread", "process", "grandchild", "module", "handler", "mask"]
+LEFT = ["fd", "fd-swapped", "thread", "process", "grandchild", "module", "handler", "mask",
+        "groups", "egid", "capability", "no-new-privs", "nice", "limit"]
 
 
 @pytest.mark.root
@@ -132,7 +136,9 @@ def test_a_spare_that_is_not_back_says_so(host: Netns, left: str, tmp_path: Path
     """An fd left open (a record lock would go with it) or another file on a number it had, a
     thread still running, a process still there (a child, or a double-forking plugin's
     orphan), a module the request imported (from the caller's mount namespace), a signal
-    handler or mask changed: the spare must not serve again. Processes are killed and reaped."""
+    handler or mask changed, credentials, capabilities, no_new_privs, its nice value or a
+    resource limit changed (a plugin of anyone's runs in the spare): the spare must not serve
+    again. Processes are killed and reaped."""
     held: list = []
     pid_file = tmp_path / "orphan.pid"
     sys_fd = os.open("/dev/null", os.O_RDONLY)  # the spare's own, open before the request
@@ -154,8 +160,21 @@ def test_a_spare_that_is_not_back_says_so(host: Netns, left: str, tmp_path: Path
             import colorsys  # noqa: F401 (not loaded before: the import is the point)
         elif left == "handler":
             signal.signal(signal.SIGUSR1, lambda *_: None)
-        else:
+        elif left == "mask":
             signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
+        elif left == "groups":
+            os.setgroups([*os.getgroups(), 4242])
+        elif left == "egid":
+            os.setegid(4242)
+        elif left == "capability":  # CAP_SYS_BOOT out of the bounding set, for good
+            assert libc().prctl(PR_CAPBSET_DROP, 22, 0, 0, 0) == 0
+        elif left == "no-new-privs":
+            assert libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+        elif left == "nice":
+            os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) + 1)
+        else:
+            soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+            resource.setrlimit(resource.RLIMIT_CORE, (0 if soft else 1, hard))
 
     out = in_child(host, request)
     assert out["back"] is False, out

@@ -10,7 +10,8 @@ the caller's /proc decides it), and serves again only if it is provably back: it
 namespaces (checked after it is home), the same open fds by identity, one thread, no process
 left (a spare is a child subreaper: what a request left is killed and reaped), no module
 imported by the request (from the caller's mount namespace), the same signal handlers and mask,
-cwd, umask and environment; else, and after MAX_SERVED requests, it exits as a one-request child
+credentials, capabilities, nice value and resource limits (process_state), cwd, umask and
+environment; else, and after MAX_SERVED requests, it exits as a one-request child
 does. It never returns into the parent's loop."""
 
 from __future__ import annotations
@@ -270,7 +271,7 @@ class Home(NamedTuple):
     environ: dict[str, str]
     fds: dict[int, FdId]  # every fd it has open, these three included, by identity
     modules: tuple[str, ...]  # sys.modules' names, in its order
-    signals: dict[str, object]  # handlers, and the kernel's blocked / ignored / caught sets
+    state: dict[str, object]  # process_state: signals, credentials, capabilities, limits
 
     @classmethod
     def here(cls, request_fds: tuple[int, ...] = ()) -> Home:
@@ -287,7 +288,7 @@ class Home(NamedTuple):
         os.umask(umask)
         fds = {fd: what for fd, what in open_fds().items() if fd not in request_fds}
         return cls(net, mnt, cwd, umask, dict(os.environ), fds, tuple(sys.modules),
-                   signal_state())
+                   process_state())
 
 
 def back_home(home: Home) -> bool:
@@ -330,12 +331,12 @@ def back_home(home: Home) -> bool:
             sys.modules):
         imported = sorted(set(sys.modules) - set(home.modules))
         return _not_back(f"the request imported {', '.join(imported[:5])}")
-    signals = signal_state()
-    if signals != home.signals:
-        changed = sorted(k for k in signals.keys() | home.signals.keys()
-                         if signals.get(k) != home.signals.get(k))
-        return _not_back("the request changed signal handlers or masks: " + ", ".join(
-            f"{k} {_shown(home.signals.get(k))} -> {_shown(signals.get(k))}" for k in changed))
+    state = process_state()
+    if state != home.state:
+        changed = sorted(k for k in state.keys() | home.state.keys()
+                         if state.get(k) != home.state.get(k))
+        return _not_back("the request changed what the process holds: " + ", ".join(
+            _change(k, home.state.get(k), state.get(k)) for k in changed))
     now = open_fds()
     if now != home.fds:  # (the fds that differ are only worked out to be named)
         left = {fd for fd in now.keys() | home.fds.keys() if now.get(fd) != home.fds.get(fd)}
@@ -357,34 +358,52 @@ def _identity(st: os.stat_result) -> FdId:
 _S_IFMT = 0o170000  # the file type bits: stat.S_IFMT(mode) is mode & this
 
 
-# The signals signal_state reads the handler of, with their names (an enum lookup each costs
-# more than the rest of signal_state: looked up once)
+# The signals process_state reads the handler of, with their names (an enum lookup each costs
+# more than the rest of process_state: looked up once)
 _SIGNALS = tuple((sig, signal.Signals(sig).name) for sig in signal.valid_signals()
                  if sig not in (signal.SIGKILL, signal.SIGSTOP)
                  and sig in signal.Signals._value2member_map_)
 
 
-def signal_state() -> dict[str, object]:
-    """Python's handlers and the kernel's view (blocked, ignored, caught: what a C extension or
-    ctypes sigaction changes too), read from our own /proc."""
+def process_state() -> dict[str, object]:
+    """What a request may change in the process that outlives it and that back_home does not
+    restore: Python's signal handlers, and from our own /proc the kernel's signal sets (what a
+    C extension or ctypes sigaction changes too), credentials, capabilities, no_new_privs,
+    seccomp, and the nice value and resource limits. A plugin of anyone's runs in the spare:
+    one that drops a capability or a group, or lowers a limit, must not pass it on to the next
+    caller's request."""
     # (_signal's getsignal: signal.getsignal's value before it turns SIG_DFL / SIG_IGN into
     # signal.Handlers, a lookup that cost ~1 us a signal, ~25 us cold on a spare's path; the
     # same comparison, since Handlers.SIG_DFL == 0; _shown names them for the log)
     state: dict[str, object] = {name: _getsignal(sig) for sig, name in _SIGNALS}
     status = read_proc("/proc/thread-self/status")
-    for key, tag in _MASKS:  # three lines of ~55: found, not the whole file split and decoded
+    for key, tag in _STATUS:  # these lines of ~55: found, not the whole file split and decoded
         at = status.find(tag)
         if at >= 0:
             end = status.find(b"\n", at + len(tag))
             state[key] = status[at + len(tag):end if end >= 0 else None].decode().strip()
+    state["nice"] = os.getpriority(os.PRIO_PROCESS, 0)
+    state["limits"] = read_proc("/proc/thread-self/limits")  # (compared as is: one read)
     return state
 
 
-_MASKS = tuple((key, f"\n{key}:".encode()) for key in ("SigBlk", "SigIgn", "SigCgt"))
+_STATUS = tuple((key, f"\n{key}:".encode()) for key in (
+    "SigBlk", "SigIgn", "SigCgt", "Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff",
+    "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"))
+
+
+def _change(key: str, before: object, after: object) -> str:
+    """One process_state key's change, for the log: SIG_DFL and SIG_IGN by name, the limits by
+    the lines of /proc's limits file that differ."""
+    if isinstance(before, bytes) and isinstance(after, bytes):
+        was, now = before.decode().splitlines(), after.decode().splitlines()
+        return "; ".join(f"{' '.join(a.split())} -> {' '.join(b.split())}"
+                         for a, b in zip(was, now, strict=False) if a != b)
+    return f"{key} {_shown(before)} -> {_shown(after)}"
 
 
 def _shown(value: object) -> object:
-    """A signal_state value as signal.getsignal shows it (SIG_DFL, SIG_IGN by name)."""
+    """A signal handler as signal.getsignal shows it (SIG_DFL, SIG_IGN by name)."""
     try:
         return signal.Handlers(value)
     except ValueError:
