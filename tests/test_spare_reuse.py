@@ -127,7 +127,7 @@ def test_garbage_from_before_a_request_is_not_taken_for_the_requests(host: Netns
 
 
 LEFT = ["fd", "fd-swapped", "thread", "process", "grandchild", "module", "handler", "mask",
-        "groups", "egid", "capability", "no-new-privs", "nice", "limit"]
+        "groups", "egid", "capability", "no-new-privs", "nice", "affinity", "limit"]
 
 
 @pytest.mark.root
@@ -136,9 +136,9 @@ def test_a_spare_that_is_not_back_says_so(host: Netns, left: str, tmp_path: Path
     """An fd left open (a record lock would go with it) or another file on a number it had, a
     thread still running, a process still there (a child, or a double-forking plugin's
     orphan), a module the request imported (from the caller's mount namespace), a signal
-    handler or mask changed, credentials, capabilities, no_new_privs, its nice value or a
-    resource limit changed (a plugin of anyone's runs in the spare): the spare must not serve
-    again. Processes are killed and reaped."""
+    handler or mask changed, credentials, capabilities, no_new_privs, its nice value, CPU
+    affinity or a resource limit changed (a plugin of anyone's runs in the spare): the spare
+    must not serve again. Processes are killed and reaped."""
     held: list = []
     pid_file = tmp_path / "orphan.pid"
     sys_fd = os.open("/dev/null", os.O_RDONLY)  # the spare's own, open before the request
@@ -172,6 +172,8 @@ def test_a_spare_that_is_not_back_says_so(host: Netns, left: str, tmp_path: Path
             assert libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
         elif left == "nice":
             os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) + 1)
+        elif left == "affinity":
+            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
         else:
             soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
             resource.setrlimit(resource.RLIMIT_CORE, (0 if soft else 1, hard))

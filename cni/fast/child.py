@@ -10,9 +10,9 @@ the caller's /proc decides it), and serves again only if it is provably back: it
 namespaces (checked after it is home), the same open fds by identity, one thread, no process
 left (a spare is a child subreaper: what a request left is killed and reaped), no module
 imported by the request (from the caller's mount namespace), the same signal handlers and mask,
-credentials, capabilities, nice value and resource limits (process_state), cwd, umask and
-environment; else, and after MAX_SERVED requests, it exits as a one-request child
-does. It never returns into the parent's loop."""
+credentials, capabilities, nice value, CPU affinity and resource limits (process_state),
+cwd, umask and environment; else, and after MAX_SERVED requests, it exits as a one-request
+child does. It never returns into the parent's loop."""
 
 from __future__ import annotations
 
@@ -369,9 +369,9 @@ def process_state() -> dict[str, object]:
     """What a request may change in the process that outlives it and that back_home does not
     restore: Python's signal handlers, and from our own /proc the kernel's signal sets (what a
     C extension or ctypes sigaction changes too), credentials, capabilities, no_new_privs,
-    seccomp, and the nice value and resource limits. A plugin of anyone's runs in the spare:
-    one that drops a capability or a group, or lowers a limit, must not pass it on to the next
-    caller's request."""
+    seccomp, and the nice value, CPU affinity and resource limits. A plugin of anyone's runs
+    in the spare: one that drops a capability or a group, or lowers a limit, must not pass it
+    on to the next caller's request."""
     # (_signal's getsignal: signal.getsignal's value before it turns SIG_DFL / SIG_IGN into
     # signal.Handlers, a lookup that cost ~1 us a signal, ~25 us cold on a spare's path; the
     # same comparison, since Handlers.SIG_DFL == 0; _shown names them for the log)
@@ -383,6 +383,7 @@ def process_state() -> dict[str, object]:
             end = status.find(b"\n", at + len(tag))
             state[key] = status[at + len(tag):end if end >= 0 else None].decode().strip()
     state["nice"] = os.getpriority(os.PRIO_PROCESS, 0)
+    state["affinity"] = os.sched_getaffinity(0)
     state["limits"] = read_proc("/proc/thread-self/limits")  # (compared as is: one read)
     return state
 
