@@ -233,7 +233,7 @@ def test_from_a_wheel_the_plugins_run_a_copy_pip_never_changes(dirs, monkeypatch
                           env={"CNI_COMMAND": "VERSION"}, capture_output=True, cwd="/")
     assert proc.returncode == 0 and b'"supportedVersions"' in proc.stdout, proc.stderr
     probe = "import cni, sys; print(cni.__file__)"
-    body = (bin_dir / inst.MULTICALL).read_text().split("from cni.fast.main")[0]
+    body = (bin_dir / inst.MULTICALL).read_text().split("from cni.fast.shim")[0]
     where = subprocess.run([inst.venv_python(), "-IS", "-c", body + probe],
                            capture_output=True, text=True, cwd="/")
     assert where.stdout.strip() == str(libs[-1] / "cni" / "__init__.py"), where.stderr

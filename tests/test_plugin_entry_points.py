@@ -187,8 +187,7 @@ def test_install_links_entry_points_and_bakes_their_versions(fake_dists, tmp_pat
     assert manifest.plugins == {"greeter": "greeter_mod:Greeter"}
     assert str(bin_dir / "greeter") in [e.path for e in manifest.entries]
     text = (bin_dir / inst.MULTICALL).read_text()
-    assert ("registry.INSTALLED.update({'greeter': ('greeter_mod:Greeter', '0.3.0')})  "
-            "# pycni:plugins") in text
+    assert "_plugins = {'greeter': ('greeter_mod:Greeter', '0.3.0')}  # pycni:plugins" in text
     # exec'd as a runtime does, VERSION comes from the table: neither the plugin's module (not
     # on the executable's path at all) nor importlib.metadata is imported
     proc = subprocess.run([str(VENV_PY), "-IS", "-X", "importtime", str(bin_dir / "greeter")],
@@ -212,7 +211,7 @@ def test_install_links_entry_points_and_bakes_their_versions(fake_dists, tmp_pat
                     "--no-systemd", "--no-compile")
     assert code == 0, out
     assert not (bin_dir / "greeter").is_symlink()
-    assert "registry.INSTALLED.update({})" in (bin_dir / inst.MULTICALL).read_text()
+    assert "_plugins = {}  # pycni:plugins" in (bin_dir / inst.MULTICALL).read_text()
     code, out = cli("uninstall", "--bin-dir", str(bin_dir))
     assert code == 0, out
     assert not bin_dir.exists()

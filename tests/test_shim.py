@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 from cnitest import BIN, ROOT, VENV_PY
@@ -161,6 +163,55 @@ def test_no_daemon_with_the_fallback_off_is_error_11_naming_the_socket(tmp_path,
     assert not {"cni.skel", "cni.plugins.loopback"} & modules
     code, out, _ = run_probe(tmp_path, "loopback", env | {"CNI_COMMAND": "VERSION"}, stdin)
     assert code == 0 and json.loads(out)["cniVersion"] == "1.1.0"
+
+
+def own_imports(exe, env: dict, stdin: bytes) -> tuple[int, bytes, set[str]]:
+    """Exec `exe` as a runtime does (under -X importtime): its code, its output, and which of
+    the project's modules it imported."""
+    proc = subprocess.run([str(VENV_PY), "-IS", "-X", "importtime", str(exe)], input=stdin,
+                          env=env, capture_output=True, cwd="/", timeout=60)
+    names = {line.rpartition("|")[2].strip() for line in proc.stderr.decode().splitlines()
+             if line.startswith("import time:")}
+    return proc.returncode, proc.stdout, {n for n in names if n.split(".")[0] == "cni"}
+
+
+def test_an_installed_executable_imports_four_of_our_modules(tmp_path) -> None:
+    """Each module of ours an exec imports costs ~0.1-0.2 ms of CPU (a fresh interpreter's
+    import machinery, cold). An installed executable calling the daemon imports cni, cni.fast,
+    the shim and the protocol: not cni.registry (its table is the shim's to fill, on the paths
+    that read it) nor cni.fast.main; VERSION the registry instead of the protocol."""
+    from cni import install
+
+    exe = tmp_path / "loopback"
+    exe.write_bytes(install.render_multicall(install.venv_python(), install.ROOT))
+    exe.chmod(0o755)
+    path = tmp_path / "d.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def daemon() -> None:  # takes the request and answers it, as a daemon's child would
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(1 << 16)
+            conn.sendall(proto.ACK + proto.encode_reply(0, b'{"done": 1}', b""))
+
+    answering = threading.Thread(target=daemon)
+    answering.start()
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/proc/self/ns/net",
+           "CNI_IFNAME": "eth0", "CNI_PATH": str(BIN), "PYCNI_SOCKET": str(path),
+           proto.FALLBACK_ENV: "0"}
+    try:
+        code, out, ours = own_imports(exe, env,
+                                      b'{"cniVersion":"1.1.0","name":"n","type":"loopback"}')
+    finally:
+        answering.join(10)
+        listener.close()
+    assert (code, out) == (0, b'{"done": 1}')
+    assert ours == {"cni", "cni.fast", "cni.fast.shim", "cni.fast.protocol"}
+    code, out, ours = own_imports(exe, {"CNI_COMMAND": "VERSION"}, b'{"cniVersion":"1.0.0"}')
+    assert code == 0 and out == skel.version_info("loopback", b'{"cniVersion":"1.0.0"}').encode()
+    assert ours == {"cni", "cni.fast", "cni.fast.shim", "cni.registry"}
 
 
 def test_a_del_with_a_namespace_skips_the_marker_check_and_its_imports(tmp_path) -> None:

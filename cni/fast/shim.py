@@ -47,13 +47,16 @@ Reply = tuple[bytes, bytes, int]  # stdout, stderr, exit code
 NotRun = str  # why the daemon did not take a request (nothing ran): for no_daemon's message
 
 
-def main(argv0: str) -> int:
+Installed = dict[str, tuple[str, str]]  # the executable's entry-point plugins (registry.INSTALLED)
+
+
+def main(argv0: str, installed: Installed | None = None) -> int:
     plugin = argv0.rpartition("/")[2]  # os.path.basename
     command = getenv("CNI_COMMAND")
     stdin = read_stdin()
     reply: Reply | None = None
     if command == "VERSION":
-        out = fast_version(plugin, stdin)
+        out = fast_version(plugin, stdin, installed)
         reply = None if out is None else (out, b"", 0)
     elif command == "DEL" and not getenv("CNI_NETNS") and _already_clean(plugin):
         reply = (b"", b"", 0)  # containerd's second DEL: skel.run would answer the same
@@ -67,7 +70,7 @@ def main(argv0: str) -> int:
         elif getenv(proto.FALLBACK_ENV) == "0":
             reply = no_daemon(stdin, path, answer)
     if reply is None:
-        reply = in_process(plugin, stdin)
+        reply = in_process(plugin, stdin, installed)
     write(1, reply[0])
     write(2, reply[1])
     return reply[2]
@@ -105,9 +108,20 @@ def leave(code: int) -> None:  # never returns (typing.NoReturn: importing typin
     posix._exit(code)
 
 
-def in_process(plugin: str, stdin: bytes) -> Reply:
+def registry_with(installed: Installed | None):  # -> the cni.registry module
+    """cni.registry, with the executable's table in INSTALLED: imported only on the paths that
+    read it (VERSION, in-process), not on a call to the daemon."""
+    from cni import registry  # imports nothing
+
+    if installed:
+        registry.INSTALLED.update(installed)
+    return registry
+
+
+def in_process(plugin: str, stdin: bytes, installed: Installed | None = None) -> Reply:
     import os
 
+    registry_with(installed)  # before skel finds the plugin's module by it
     from cni import skel
     from cni.fast import attachlock
 
@@ -117,11 +131,9 @@ def in_process(plugin: str, stdin: bytes) -> Reply:
 
 # --- VERSION ------------------------------------------------------------------------------------
 
-def fast_version(plugin: str, stdin: bytes) -> bytes | None:
+def fast_version(plugin: str, stdin: bytes, installed: Installed | None = None) -> bytes | None:
     """skel.version_info's exact bytes for the stdin runtimes send; None: ask skel."""
-    from cni import registry  # imports nothing
-
-    speaks = registry.supported(plugin, SUPPORTED)
+    speaks = registry_with(installed).supported(plugin, SUPPORTED)
     asked = asked_version(stdin, speaks)
     if asked is None:
         return None

@@ -64,7 +64,7 @@ def render_multicall(python: Path, root: Path, source: str | None = None,
     dependencies' dirs (sites, default site_dirs(python)) after the stdlib. A checkout's root
     comes first, as in bin/; a root that is itself a site dir (a wheel) goes last with the rest,
     so nothing installed there can shadow the stdlib modules the shim imports. `plugins`
-    (entrypoints.plugin_table) is baked in as cni.registry.INSTALLED."""
+    (entrypoints.plugin_table) is baked in, for the shim to put in cni.registry.INSTALLED."""
     text = SOURCE.read_text() if source is None else source
     shebang = f"#!{python} -IS"
     if len(shebang) > SHEBANG_MAX or " " in str(python):
@@ -82,8 +82,7 @@ def render_multicall(python: Path, root: Path, source: str | None = None,
             line = f"_root = {str(root)!r}  {ROOT_TAG}"
             saw_root = True
         elif line.endswith(PLUGINS_TAG):
-            line = f"registry.INSTALLED.update({dict(sorted((plugins or {}).items()))!r})  " \
-                f"{PLUGINS_TAG}"
+            line = f"_plugins = {dict(sorted((plugins or {}).items()))!r}  {PLUGINS_TAG}"
         elif line.endswith(PATH_TAG):
             if not saw_path:
                 out += [f"{p}  {PATH_TAG}" for p in paths]
