@@ -35,8 +35,8 @@ from cni.fast import attachlock
 from cni.fast import protocol as proto
 from cni.fast.fds import close_all, fds_from
 from cni.fast.preload import keep_home_sockets, set_environ, warm_requests, warm_up
-from cni.fast.procs import become_subreaper, comm, read_proc, set_name
-from cni.host import nsfd
+from cni.fast.procs import become_subreaper, comm, set_name
+from cni.host import nsfd, procfs
 
 log = logging.getLogger("pycni.daemon")
 
@@ -376,7 +376,7 @@ def process_state() -> dict[str, object]:
     # signal.Handlers, a lookup that cost ~1 us a signal, ~25 us cold on a spare's path; the
     # same comparison, since Handlers.SIG_DFL == 0; _shown names them for the log)
     state: dict[str, object] = {name: _getsignal(sig) for sig, name in _SIGNALS}
-    status = read_proc("/proc/thread-self/status")
+    status = procfs.read("/proc/thread-self/status")
     for key, tag in _STATUS:  # these lines of ~55: found, not the whole file split and decoded
         at = status.find(tag)
         if at >= 0:
@@ -384,7 +384,7 @@ def process_state() -> dict[str, object]:
             state[key] = status[at + len(tag):end if end >= 0 else None].decode().strip()
     state["nice"] = os.getpriority(os.PRIO_PROCESS, 0)
     state["affinity"] = os.sched_getaffinity(0)
-    state["limits"] = read_proc("/proc/thread-self/limits")  # (compared as is: one read)
+    state["limits"] = procfs.read("/proc/thread-self/limits")  # (compared as is: one read)
     return state
 
 
@@ -439,7 +439,7 @@ def end_descendants() -> int:
 
 
 def _children() -> list[int]:
-    return [int(pid) for pid in read_proc("/proc/thread-self/children").split()]
+    return [int(pid) for pid in procfs.read("/proc/thread-self/children").split()]
 
 
 def drop_request_state() -> None:

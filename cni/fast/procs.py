@@ -9,7 +9,7 @@ import socket
 import weakref
 from collections.abc import Callable
 
-from cni.host import nsfd
+from cni.host import nsfd, procfs
 
 log = logging.getLogger("pycni.daemon")
 
@@ -61,22 +61,10 @@ def fork_with_socket(what: str) -> tuple[int, socket.socket] | None:
     return pid, parent_end
 
 
-def read_proc(path: str) -> bytes:
-    """A /proc file's bytes: open, read, close (open() adds six syscalls for a text stream)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 8192):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 def comm(pid: int) -> str:
     """Process `pid`'s name ("" if it is gone)."""
     try:
-        return read_proc(f"/proc/{pid}/comm").decode(errors="surrogateescape").strip()
+        return procfs.read(f"/proc/{pid}/comm").decode(errors="surrogateescape").strip()
     except OSError:
         return ""
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import locale
 import os
 
+from cni.host import procfs
+
 ROOT = "/proc/sys"
 
 
@@ -19,22 +21,16 @@ def _path(key: str) -> str:
 # read and write do what open(path) / open(path, "w") and the text file's read / write did (the
 # same flags, mode, encoding, newlines and errors), on the fd itself: no io objects, no isatty
 # ioctl, no lseeks (a bridge ADD reads one sysctl and writes five).
-_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
 
 
 def read(key: str) -> str:
     path = _path(key)
-    fd = os.open(path, _READ_FLAGS)
     try:
-        chunks = []
-        while chunk := os.read(fd, 4096):
-            chunks.append(chunk)
+        data = procfs.read(path)
     except IsADirectoryError as e:  # open() refuses a directory so, naming it
         raise IsADirectoryError(e.errno, e.strerror, path) from None
-    finally:
-        os.close(fd)
-    text = b"".join(chunks).decode(locale.getpreferredencoding(False))
+    text = data.decode(locale.getpreferredencoding(False))
     return text.replace("\r\n", "\n").replace("\r", "\n").strip()  # universal newlines
 
 
