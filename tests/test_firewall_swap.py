@@ -1,0 +1,165 @@
+"""firewall across a swap with the reference (Debian's v1.1.1, iptables backend: v1.9.1's
+iptables.go writes and checks the same rules), on a throwaway host whose FORWARD drops, with
+iptables-nft and with iptables-legacy (x_tables, which nft cannot see), and real TCP from a pod
+through the host's bridge to a neighbour.
+
+The reference calls `iptables` from PATH: it is given a PATH whose iptables and ip6tables are
+the chosen backend's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cnitest import REFERENCE_BIN, Netns
+from portmap_util import OUTSIDE, answered_by, node, servers
+from rootskips import skip_unless
+from test_firewall import PORT, chains, conf, pod_rules, pods
+
+__all__ = ["node", "servers"]  # the fixtures, used by name
+pytestmark = [pytest.mark.root,
+              skip_unless((REFERENCE_BIN / "firewall").exists(),
+                          f"the reference firewall in {REFERENCE_BIN} (scripts/setup.sh)")]
+
+BACKENDS = ("nft", "legacy")
+
+
+def reference_path(tmp_path: Path, backend: str) -> dict[str, str]:
+    """PATH for the reference: its `iptables` and `ip6tables` are `backend`'s."""
+    bin_dir = tmp_path / f"iptables-{backend}"
+    bin_dir.mkdir()
+    for tool in ("iptables", "ip6tables"):
+        for suffix in ("", "-save", "-restore"):
+            (bin_dir / f"{tool}{suffix}").symlink_to(f"/usr/sbin/{tool}-{backend}{suffix}")
+    return {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
+def drop_forward(host: Netns, backend: str, families: tuple[int, ...]) -> None:
+    """`iptables -P FORWARD DROP` with that backend, in the throwaway host only."""
+    for family in families:
+        host.run(f"{'ip6' if family == 6 else 'ip'}tables-{backend}", "-P", "FORWARD", "DROP")
+
+
+def saved(host: Netns, backend: str, family: int = 4) -> list[str]:
+    tool = f"{'ip6' if family == 6 else 'ip'}tables-{backend}-save"
+    return [line for line in host.run(tool).stdout.splitlines() if line.startswith("-A")]
+
+
+def reaches(pod: Netns) -> list[str]:
+    return [answered_by(pod, "tcp", OUTSIDE[family], PORT) for family in (4, 6)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pycni_checks_and_deletes_the_references_attachment(plugins, node, servers, host,
+                                                            tmp_path, backend) -> None:
+    """A node swapped from the reference to pycni: CRI-O CHECKs every pod after its restart,
+    then DELs them; pycni's CHECK passes on the reference's rules and its DEL removes them
+    (else a later pod with the same address inherits them)."""
+    pod_a, _ = pods(node)
+    drop_forward(host, backend, (4, 6))
+    servers.start(node.outside, "tcp", PORT, "OUT")
+    assert reaches(pod_a) == ["TIMEOUT", "TIMEOUT"]
+    prev = node.prev_result(pod_a)
+    ref = {"bin_dir": REFERENCE_BIN, "env": reference_path(tmp_path, backend)}
+
+    plugins.ok("firewall", "ADD", conf(prev), container_id="ctr-a", netns=pod_a.path, **ref)
+    assert "-A CNI-FORWARD -s 10.88.0.2/32 -j ACCEPT" in saved(host, backend)
+    assert "-A CNI-FORWARD -s fd88::2/128 -j ACCEPT" in saved(host, backend, 6)
+    assert reaches(pod_a) == ["OUT", "OUT"]
+
+    plugins.ok("firewall", "CHECK", conf(prev), container_id="ctr-a", netns=pod_a.path)
+    # A rule gone is still seen as gone.
+    rule = ["CNI-FORWARD", "-d", "fd88::2/128", "-m", "conntrack", "--ctstate",
+            "RELATED,ESTABLISHED", "-j", "ACCEPT"]
+    host.run(f"ip6tables-{backend}", "-D", *rule)
+    code, out, _ = plugins.exec("firewall", "CHECK", conf(prev), container_id="ctr-a",
+                                netns=pod_a.path)
+    assert code != 0 and out["code"] == 999 and "fd88::2/128" in out["msg"], out
+    host.run(f"ip6tables-{backend}", "-A", *rule)
+
+    plugins.ok("firewall", "DEL", conf(prev), container_id="ctr-a", netns=pod_a.path)
+    assert not any("10.88.0.2/32" in line for line in saved(host, backend))
+    assert not any("fd88::2/128" in line for line in saved(host, backend, 6))
+    assert reaches(pod_a) == ["TIMEOUT", "TIMEOUT"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_reference_checks_and_deletes_pycnis_attachment(plugins, node, servers, host,
+                                                            tmp_path, backend) -> None:
+    """A node swapped back from pycni to the reference, FORWARD dropping in IPv4 alone (Docker
+    without IPv6): pycni's ADD has written the reference's rules in both families (the reference
+    makes both and its CHECK wants both), so its CHECK and DEL work; the accepts its DEL leaves
+    in `inet cni_firewall` (no-ops in a chain whose policy accepts) go with pycni's GC."""
+    pod_a, pod_b = pods(node)
+    drop_forward(host, backend, (4,))
+    servers.start(node.outside, "tcp", PORT, "OUT")
+    assert reaches(pod_a) == ["TIMEOUT", "OUT"]
+    prev = node.prev_result(pod_a)
+    ref = {"bin_dir": REFERENCE_BIN, "env": reference_path(tmp_path, backend)}
+
+    plugins.ok("firewall", "ADD", conf(prev), container_id="ctr-a", netns=pod_a.path)
+    plugins.ok("firewall", "ADD", conf(node.prev_result(pod_b)), container_id="ctr-b",
+               netns=pod_b.path)
+    assert reaches(pod_a) == ["OUT", "OUT"]
+    assert "-A CNI-FORWARD -s fd88::2/128 -j ACCEPT" in saved(host, backend, 6)
+
+    plugins.ok("firewall", "CHECK", conf(prev), container_id="ctr-a", netns=pod_a.path, **ref)
+    plugins.ok("firewall", "DEL", conf(prev), container_id="ctr-a", netns=pod_a.path, **ref)
+    assert not any("10.88.0.2/32" in line for line in saved(host, backend))
+    assert reaches(pod_a) == ["TIMEOUT", "OUT"]
+    assert len(pod_rules(host, "ctr-a eth0 fwnet")) == 4  # left by the reference's DEL
+
+    gc = conf(None) | {"cniVersion": "1.1.0", "cni.dev/valid-attachments": [
+        {"containerID": "ctr-b", "ifname": "eth0"}]}
+    plugins.ok("firewall", "GC", gc)
+    assert pod_rules(host, "ctr-a eth0 fwnet") == []
+    left = chains(host)
+    assert not any(c.endswith(("10.88.0.2", "fd88__2")) for c in left), left
+    assert len(pod_rules(host, "ctr-b eth0 fwnet")) == 4
+    assert sum("10.88.0.3/32" in line for line in saved(host, backend)) == 2
+    plugins.ok("firewall", "CHECK", conf(node.prev_result(pod_b)), container_id="ctr-b",
+               netns=pod_b.path, **ref)
+
+
+def test_pycni_gc_removes_its_legacy_accepts(plugins, node, host) -> None:
+    pod_a, _ = pods(node)
+    drop_forward(host, "legacy", (4, 6))
+    plugins.ok("firewall", "ADD", conf(node.prev_result(pod_a)), container_id="ctr-a",
+               netns=pod_a.path)
+    assert sum("10.88.0.2/32" in line for line in saved(host, "legacy")) == 2
+    plugins.ok("firewall", "GC", conf(None) | {"cniVersion": "1.1.0",
+                                               "cni.dev/valid-attachments": []})
+    assert not any("10.88.0.2/32" in line for line in saved(host, "legacy"))
+    assert not any("fd88::2/128" in line for line in saved(host, "legacy", 6))
+
+
+INCOMPATIBLE = """table ip filter {
+    chain FORWARD {
+        type filter hook forward priority filter; policy drop;
+        ct mark set 1
+    }
+}
+"""
+
+
+def test_an_incompatible_filter_table_is_a_clear_error(plugins, node, host) -> None:
+    """`ip filter` made with nft, holding a rule iptables-nft has no syntax for: ADD cannot put
+    the pod's accepts there; it says so (error 50: the host's to fix) and changes nothing."""
+    pod_a, _ = pods(node)
+    host.run("nft", "-f", "-", input=INCOMPATIBLE)
+    before = host.run("nft", "list", "tables").stdout, filter_tables(host)
+    code, out, _ = plugins.exec("firewall", "ADD", conf(node.prev_result(pod_a)),
+                                container_id="ctr-a", netns=pod_a.path)
+    assert code != 0 and out["code"] == 50, out
+    assert "iptables-nft cannot read the host's iptables filter table" in out["msg"], out
+    assert "incompatible" in out["msg"], out
+    assert pod_rules(host) == []  # its accepts taken back
+    assert filter_tables(host) == before[1]
+    assert "ip6 filter" not in host.run("nft", "list", "tables").stdout
+    plugins.ok("firewall", "DEL", conf(node.prev_result(pod_a)), container_id="ctr-a",
+               netns=pod_a.path)
+
+
+def filter_tables(host: Netns) -> str:
+    return host.run("nft", "list", "table", "ip", "filter").stdout
