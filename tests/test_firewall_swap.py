@@ -163,3 +163,43 @@ def test_an_incompatible_filter_table_is_a_clear_error(plugins, node, host) -> N
 
 def filter_tables(host: Netns) -> str:
     return host.run("nft", "list", "table", "ip", "filter").stdout
+
+
+# The README's steps ("Swapping with the reference plugins") for a swap back on a host with no
+# iptables filter table, where pycni wrote no iptables rule: the reference's chains and jumps,
+# then each live pod address's two accepts.
+NFT_ONLY_STEPS = [
+    ("-N", "CNI-FORWARD"), ("-N", "CNI-ADMIN"),
+    ("-I", "FORWARD", "1", "-m", "comment", "--comment", "CNI firewall plugin rules", "-j",
+     "CNI-FORWARD"),
+    ("-I", "CNI-FORWARD", "1", "-m", "comment", "--comment",
+     "CNI firewall plugin admin overrides", "-j", "CNI-ADMIN")]
+
+
+def pod_steps(prefix: str) -> list[tuple[str, ...]]:
+    return [("-A", "CNI-FORWARD", "-d", prefix, "-m", "conntrack", "--ctstate",
+             "RELATED,ESTABLISHED", "-j", "ACCEPT"),
+            ("-A", "CNI-FORWARD", "-s", prefix, "-j", "ACCEPT")]
+
+
+def test_on_an_nftables_only_host_the_documented_steps_let_the_reference_check(
+        plugins, node, host, tmp_path) -> None:
+    """No iptables filter table: pycni writes no iptables rule, the reference's CHECK of its
+    pod fails until the operator adds the reference's rules as the README says."""
+    pod_a, _ = pods(node)
+    prev = node.prev_result(pod_a)
+    ref = {"bin_dir": REFERENCE_BIN, "env": reference_path(tmp_path, "nft")}
+    plugins.ok("firewall", "ADD", conf(prev), container_id="ctr-a", netns=pod_a.path)
+    assert "filter" not in host.run("nft", "list", "tables").stdout
+    code, out, _ = plugins.exec("firewall", "CHECK", conf(prev), container_id="ctr-a",
+                                netns=pod_a.path, **ref)
+    assert code != 0 and "expected FORWARD rule" in out["msg"], out
+
+    for tool, prefix in (("iptables", "10.88.0.2/32"), ("ip6tables", "fd88::2/128")):
+        for step in NFT_ONLY_STEPS + pod_steps(prefix):
+            # `-N` of a chain the reference's failed CHECK made fails, harmlessly
+            host.run(f"{tool}-nft", *step, check=step[0] != "-N")
+    plugins.ok("firewall", "CHECK", conf(prev), container_id="ctr-a", netns=pod_a.path, **ref)
+    plugins.ok("firewall", "DEL", conf(prev), container_id="ctr-a", netns=pod_a.path, **ref)
+    assert not any("10.88.0.2/32" in line for line in saved(host, "nft"))
+    assert not any("fd88::2/128" in line for line in saved(host, "nft", 6))

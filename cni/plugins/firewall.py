@@ -4,9 +4,12 @@ that gave it its IPs (podman's CNI networks chain it after bridge and portmap).
 Reads like the reference's cmdAdd / cmdDel / cmdCheck (containernetworking/plugins v1.9
 plugins/meta/firewall), on nftables: pycni's own `inet cni_firewall` table holds the reference's
 CNI-FORWARD / CNI-ADMIN / CNI-ISOLATION-STAGE-* layout (cni.host.forward), and where the host
-has iptables' filter FORWARD chain (iptables-nft; Docker sets its policy to DROP) the
-reference's own CNI-FORWARD rules go there too, through iptables-nft (cni.host.xtforward), since
-an accept in one table does not override another table's drop.
+has iptables' filter table (iptables-nft's or x_tables'; Docker sets FORWARD's policy to DROP)
+the reference's own CNI-FORWARD rules go there too, through that iptables (cni.host.xtforward),
+since an accept in one table does not override another table's drop. Those are the rules the
+reference's iptables backend writes: across a swap, each side's CHECK and DEL handle the
+other's attachments (an attachment with no record here is the reference's: CHECK looks at its
+iptables rules alone, as the reference's does).
 
 Unlike the reference: `backend` "" (or "nftables") is this nftables backend, and "iptables" /
 "firewalld" are refused (error 2), any other value too (error 7) where the reference silently
