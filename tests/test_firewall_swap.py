@@ -12,12 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cnitest import REFERENCE_BIN, Netns
+from cnitest import REFERENCE_BIN, Netns, Plugins
 from portmap_util import OUTSIDE, answered_by, node, servers
 from rootskips import skip_unless
+from test_daemon import scenario, start_daemon
 from test_firewall import PORT, chains, conf, pod_rules, pods
 
-__all__ = ["node", "servers"]  # the fixtures, used by name
+__all__ = ["node", "servers", "start_daemon"]  # the fixtures, used by name
 pytestmark = [pytest.mark.root,
               skip_unless((REFERENCE_BIN / "firewall").exists(),
                           f"the reference firewall in {REFERENCE_BIN} (scripts/setup.sh)")]
@@ -120,6 +121,26 @@ def test_the_reference_checks_and_deletes_pycnis_attachment(plugins, node, serve
     assert sum("10.88.0.3/32" in line for line in saved(host, backend)) == 2
     plugins.ok("firewall", "CHECK", conf(node.prev_result(pod_b)), container_id="ctr-b",
                netns=pod_b.path, **ref)
+
+
+def test_the_daemon_writes_the_callers_legacy_iptables(netns_factory, start_daemon,
+                                                        tmp_path) -> None:
+    """x_tables are per network namespace: the daemon (in another namespace) finds and writes
+    the caller's."""
+    home, caller, pod = (netns_factory("pycni-host"), netns_factory("pycni-host"),
+                         netns_factory("pycni-pod"))
+    drop_forward(caller, "legacy", (4,))
+    daemon = start_daemon(home)
+    bridge, _, firewall = scenario("firewall", tmp_path)
+    firewall = {k: v for k, v in firewall.items() if k != "ingressPolicy"}
+    prev = Plugins(caller).ok("bridge", "ADD", bridge, netns=pod.path, env=daemon.env)
+    Plugins(caller).ok("firewall", "ADD", firewall | {"prevResult": prev}, netns=pod.path,
+                       env=daemon.env)
+    daemon.wait_served(2)
+    assert "-A CNI-FORWARD -s 10.77.0.2/32 -j ACCEPT" in saved(caller, "legacy")
+    assert saved(home, "legacy") == []
+    Plugins(caller).ok("firewall", "DEL", firewall, netns=pod.path, env=daemon.env)
+    assert not any("10.77.0.2" in line for line in saved(caller, "legacy"))
 
 
 def test_pycni_gc_removes_its_legacy_accepts(plugins, node, host) -> None:
