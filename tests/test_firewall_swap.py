@@ -224,3 +224,31 @@ def test_on_an_nftables_only_host_the_documented_steps_let_the_reference_check(
     plugins.ok("firewall", "DEL", conf(prev), container_id="ctr-a", netns=pod_a.path, **ref)
     assert not any("10.88.0.2/32" in line for line in saved(host, "nft"))
     assert not any("fd88::2/128" in line for line in saved(host, "nft", 6))
+
+
+def test_a_host_with_both_backends(plugins, node, servers, host, tmp_path) -> None:
+    """iptables-nft's and x_tables' filter tables side by side (each dropping): pycni writes
+    both, and its CHECK wants both of its own; the reference writes one (its `iptables`'s),
+    which is whole, and pycni's CHECK of it passes, its DEL removes it."""
+    pod_a, pod_b = pods(node)
+    drop_forward(host, "nft", (4,))
+    drop_forward(host, "legacy", (4,))
+    servers.start(node.outside, "tcp", PORT, "OUT")
+    prev_a, prev_b = node.prev_result(pod_a), node.prev_result(pod_b)
+    plugins.ok("firewall", "ADD", conf(prev_a), container_id="ctr-a", netns=pod_a.path,
+               bin_dir=REFERENCE_BIN, env=reference_path(tmp_path, "legacy"))
+    assert "-A CNI-FORWARD -s 10.88.0.2/32 -j ACCEPT" in saved(host, "legacy")
+    assert not any("10.88.0.2" in line for line in saved(host, "nft"))
+    plugins.ok("firewall", "CHECK", conf(prev_a), container_id="ctr-a", netns=pod_a.path)
+
+    assert answered_by(pod_b, "tcp", OUTSIDE[4], PORT) == "TIMEOUT"
+    plugins.ok("firewall", "ADD", conf(prev_b), container_id="ctr-b", netns=pod_b.path)
+    assert answered_by(pod_b, "tcp", OUTSIDE[4], PORT) == "OUT"
+    plugins.ok("firewall", "CHECK", conf(prev_b), container_id="ctr-b", netns=pod_b.path)
+    host.run("iptables-nft", "-D", "CNI-FORWARD", "-s", "10.88.0.3/32", "-j", "ACCEPT")
+    code, out, _ = plugins.exec("firewall", "CHECK", conf(prev_b), container_id="ctr-b",
+                                netns=pod_b.path)
+    assert code != 0 and "10.88.0.3/32" in out["msg"] and "nftables ip filter" in out["msg"], out
+
+    plugins.ok("firewall", "DEL", conf(prev_a), container_id="ctr-a", netns=pod_a.path)
+    assert not any("10.88.0.2" in line for line in saved(host, "legacy"))

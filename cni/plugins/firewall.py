@@ -189,9 +189,9 @@ def check(req: Request) -> None:
         why = None if rec is None and ips and tables else \
             forward.layout_present(forward.chain_rules(forward.FORWARD))
         if why is None and (rec is not None or not tables):
-            gone = forward.unrecorded(rec, ips) if ips else None
-            if gone is not None:
-                why = f"{forward.FAMILY} {forward.TABLE}: no accept rules for {gone} " \
+            lost = forward.unrecorded(rec, ips) if ips else None
+            if lost is not None:
+                why = f"{forward.FAMILY} {forward.TABLE}: no accept rules for {lost} " \
                       f"({owner(req)})"
             if why is None and bridge is not None:
                 why = forward.isolation_missing(_stages(), bridge,
@@ -201,13 +201,16 @@ def check(req: Request) -> None:
     if why is not None:
         raise CNIError(Code.INTERNAL, why)
     try:
-        for where in tables:
-            rule = xtforward.missing(where, _of(ips, where), admin_chain(conf))
-            if rule is not None:
-                raise CNIError(Code.INTERNAL,
-                               f"expected iptables rule not found ({where.where}): {rule}")
+        gone = [(w, rule) for w in tables
+                if (rule := xtforward.missing(w, _of(ips, w), admin_chain(conf))) is not None]
     except (nft.NftError, xtforward.XtablesError, OSError) as e:
         raise _xtables_error(e, "iptables FORWARD") from None
+    # pycni writes each backend the host has; the reference only the one its `iptables` is (on
+    # a host with both, the other's tables lack its rules): one whole backend is its attachment
+    whole = {w.backend for w in tables} - {w.backend for w, _ in gone}
+    if gone and (rec is not None or not whole):
+        where, rule = gone[0]
+        raise CNIError(Code.INTERNAL, f"expected iptables rule not found ({where.where}): {rule}")
 
 
 def _xtables_error(e: Exception, what: str) -> CNIError:
