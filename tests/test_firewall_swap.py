@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from cnitest import REFERENCE_BIN, Netns, Plugins
 from portmap_util import OUTSIDE, answered_by, node, servers
-from rootskips import skip_unless
+from rootskips import missing, skip_unless
 from test_daemon import scenario, start_daemon
 from test_firewall import PORT, chains, conf, pod_rules, pods
 
@@ -38,6 +38,8 @@ def reference_path(tmp_path: Path, backend: str) -> dict[str, str]:
 
 def drop_forward(host: Netns, backend: str, families: tuple[int, ...]) -> None:
     """`iptables -P FORWARD DROP` with that backend, in the throwaway host only."""
+    if backend == "legacy" and not Path("/proc/net/ip_tables_names").exists():
+        missing("x_tables in the kernel (ip_tables, ip6_tables), for iptables-legacy")
     for family in families:
         host.run(f"{'ip6' if family == 6 else 'ip'}tables-{backend}", "-P", "FORWARD", "DROP")
 
