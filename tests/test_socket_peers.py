@@ -327,7 +327,7 @@ def test_the_peer_check_reads_the_process_that_connected(tmp_path) -> None:
     """peercaps on a real connection, both ways of naming its process (SO_PEERPIDFD, and
     pidfd_open of SO_PEERCRED's pid on kernels without it): the peer of a socket this process
     made is itself (root, every capability, the daemon's namespace); a peer that exited since
-    its connect is refused, never judged by another process."""
+    its connect is refused, never judged by another process, even one its pid names now."""
     from cni.fast import peercaps
 
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -352,4 +352,7 @@ def test_the_peer_check_reads_the_process_that_connected(tmp_path) -> None:
             why = peercaps.refusal(conn, gone.pid, 0, peerpidfd)
             assert why.startswith(f"the caller (pid {gone.pid}) ") and why.endswith(
                 ": operation not permitted"), why
+            if peerpidfd:  # its pid now another's (here: ours, root with every capability):
+                why = peercaps.refusal(conn, os.getpid(), 0)  # the pidfd says it is gone
+                assert "exited or cannot be read" in why, why
     server.close()
