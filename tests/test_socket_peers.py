@@ -3,7 +3,9 @@ environment, namespaces and cwd) only to a root listener: one of another uid on 
 daemon (in-process, or error 11 naming why). A daemon's refusal (a reply without ACK) ran
 nothing: in-process too. And a local user (nobody) can neither bind the daemon's path, nor
 connect to its socket, nor, with the modes opened up, have a request run by it; the pods and
-the daemon's service to root stay as they were."""
+the daemon's service to root stay as they were. Nor can root without CAP_NET_ADMIN or
+CAP_SYS_ADMIN, or root of a user namespace (peercaps.py): they get the EPERM an exec'd plugin
+would, and the shim runs nothing in-process."""
 
 from __future__ import annotations
 

@@ -21,7 +21,12 @@ The capabilities are read at accept, not at the caller's connect: dropping them 
 connecting only gets a refusal; gaining them takes an exec (of a setuid or file-capable binary)
 that grants them anyway. They are the thread group leader's (capget of the pid): threads of one
 process share its memory, so a thread with fewer capabilities than its leader is no boundary.
-About 15-30 us of the parent's CPU a request (five syscalls and a ctypes call)."""
+About 15-30 us of the parent's CPU a request (five syscalls and a ctypes call). Reading a
+caller's ns/user takes ptrace read access: the daemon as root with CAP_SYS_PTRACE (the unit and
+the privileged DaemonSet keep every capability), or a caller holding no capability the daemon
+lacks; without it the caller is refused ("cannot be read"), never served unchecked. Callers
+must be visible in the daemon's pid namespace (SO_PEERCRED's pid 0 is refused): the DaemonSet
+runs with hostPID."""
 
 from __future__ import annotations
 
