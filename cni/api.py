@@ -4,8 +4,9 @@ A third-party package declares its plugin as an entry point (group `pycni.plugin
 executable's name, value = module or module:object); `pycni install` links it, the daemon serves
 it. docs/PLUGINS.md is the guide; this module is the contract: the names in __all__ are public,
 kept across minor versions of API_VERSION (a name goes away, or changes meaning, only with a new
-major), and tests/test_public_api.py fails when one disappears. Everything else in `cni` is
-internal and may change in any release.
+major), and tests/test_public_api.py fails when one disappears or its signature, fields or
+value differ from what its API_VERSION recorded (tests/data/public_api.json). Everything else
+in `cni` is internal and may change in any release.
 
 Cheap to import: the contract (request, errors, results, versions, keys) comes at once; the
 config models (pydantic), IPAM delegation and the kernel helpers (pyroute2, libnftables) load on
@@ -20,7 +21,7 @@ from typing import Any
 
 from cni.host.errors import HostError, NamespaceError
 from cni.registry import GROUP as ENTRY_POINT_GROUP
-from cni.skel import Request, valid_attachments
+from cni.skel import Request, require_printable, valid_attachments
 from cni.spec.errors import CNIError, Code, invalid_config, unsupported
 from cni.spec.keys import CAPABILITIES
 from cni.spec.keys import get as get_key
@@ -31,7 +32,7 @@ from cni.spec.version import CURRENT as CURRENT_VERSION
 from cni.spec.version import SUPPORTED as SUPPORTED_VERSIONS
 from cni.spec.version import at_least
 
-API_VERSION = "1.0"  # major.minor: a minor adds names, a major may remove or change one
+API_VERSION = "1.1"  # major.minor: a minor adds names, a major may remove or change one
 
 # Loaded on first use: public name -> (module, attribute).
 _LAZY: dict[str, tuple[str, str]] = {
@@ -82,8 +83,9 @@ __all__ = [
     "Request", "valid_attachments",
     # errors: raise CNIError(Code.X, msg, details); skel prints it as the spec's error JSON
     "CNIError", "Code", "invalid_config", "unsupported", "HostError", "NamespaceError",
-    # results (the current version's shape) and their conversion between versions
-    "Result", "to_current", "from_current", "convert",
+    # results (the current version's shape), their conversion between versions, and the
+    # check that one prints in the config's version (before changing anything; since 1.1)
+    "Result", "to_current", "from_current", "convert", "require_printable",
     "SUPPORTED_VERSIONS", "CURRENT_VERSION", "at_least",
     # keys matched as Go's decoder matches them; CNI_ARGS pairs a plugin knows
     "match_keys", "get_key", "CAPABILITIES", "known_args",

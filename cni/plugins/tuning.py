@@ -36,7 +36,7 @@ from cni.plugins import tuning_backup as backups
 from cni.plugins.tuning_backup import Backup, UnsafeDir
 from cni.plugins.tuning_conf import Settings, check_allowlist, data_dir_for_del, load
 from cni.plugins.undo import Undo
-from cni.skel import Request, require_printable
+from cni.skel import Request, passes_through, require_printable
 from cni.spec.errors import CNIError, Code, invalid_config
 from cni.spec.result import Result
 
@@ -70,7 +70,7 @@ def add(req: Request) -> Result:
     check_allowlist(settings)
     prev = _require_prev(req)
     result = with_mac(prev, req.ifname, settings.mac)
-    require_printable(result, req.version, passthrough=result is prev and req.prev_native)
+    require_printable(result, req.version, passthrough=passes_through(req, result))
     # Entered even with nothing to change: a CNI_NETNS that is no namespace is refused (4).
     with netns.entered(req.netns_target), netns.iproute() as ipr, Undo(req) as undo:
         link = None
