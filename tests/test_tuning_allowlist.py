@@ -7,6 +7,7 @@ reference's messages."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -76,8 +77,11 @@ def go_verdicts(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     src = tmp_path_factory.mktemp("oracle") / "main.go"
     src.write_text(GO_ORACLE)
     exe = src.with_name("oracle")
+    env = dict(os.environ)
+    if not any(env.get(k) for k in ("GOCACHE", "XDG_CACHE_HOME", "HOME")):
+        env["GOCACHE"] = str(src.with_name("gocache"))  # go build needs a cache somewhere
     subprocess.run([go, "build", "-o", str(exe), str(src)], check=True, cwd=src.parent,
-                   capture_output=True, timeout=600)
+                   capture_output=True, timeout=600, env=env)
     pairs = [[line, key] for line in LINES for key in KEYS]
     out = subprocess.run([str(exe)], input=json.dumps(pairs), capture_output=True, text=True,
                          check=True, timeout=120).stdout
