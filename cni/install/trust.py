@@ -32,6 +32,7 @@ from cni.host import safedir
 from cni.install.errors import InstallError
 
 MAX_HOPS = 40  # symlinks followed in one path, as the kernel's ELOOP limit
+trusted_uids = safedir.trusted_uids  # the owners the rule accepts: root, and the euid
 
 
 def _check(what: str, path: str, st: os.stat_result, ancestor: bool) -> None:
