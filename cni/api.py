@@ -66,8 +66,6 @@ _LAZY: dict[str, tuple[str, str]] = {
     "configure_iface": ("cni.host.addrs", "configure_iface"),
     "add_route": ("cni.host.routes", "add"),
     "find_routes": ("cni.host.routes", "find"),
-    "sysctl_read": ("cni.host.sysctl", "read"),
-    "sysctl_write": ("cni.host.sysctl", "write"),
     # nftables (libnftables in-process)
     "NftError": ("cni.host.nft", "NftError"),
     "nft_run": ("cni.host.nft", "run"),
@@ -89,8 +87,41 @@ __all__ = [
     "SUPPORTED_VERSIONS", "CURRENT_VERSION", "at_least",
     # keys matched as Go's decoder matches them; CNI_ARGS pairs a plugin knows
     "match_keys", "get_key", "CAPABILITIES", "known_args",
+    # sysctls in the current network namespace (kernel helpers, below)
+    "sysctl_read", "sysctl_write",
     *_LAZY,
 ]
+
+
+class _NoSysctl(CNIError, FileNotFoundError):
+    """A key the namespace does not have: error 7 naming it, still a FileNotFoundError for a
+    plugin that catches that (as in API 1.0)."""
+
+
+def _no_sysctl(key: str, e: FileNotFoundError) -> _NoSysctl:
+    return _NoSysctl(Code.INVALID_CONFIG, f"sysctl {key!r}: no such key in this network "
+                     f"namespace ({e.filename}): a per-interface key names an interface that is "
+                     "not here, or the kernel has no such setting")
+
+
+def sysctl_read(key: str) -> str:
+    """The value, stripped (a multi-word one as the kernel prints it: tab-separated)."""
+    from cni.host import sysctl
+
+    try:
+        return sysctl.read(key)
+    except FileNotFoundError as e:
+        raise _no_sysctl(key, e) from None
+
+
+def sysctl_write(key: str, value: str | int) -> None:
+    """Write str(value); the kernel's refusal of the value is an OSError (EINVAL)."""
+    from cni.host import sysctl
+
+    try:
+        sysctl.write(key, value)
+    except FileNotFoundError as e:
+        raise _no_sysctl(key, e) from None
 
 
 def __getattr__(name: str) -> Any:
