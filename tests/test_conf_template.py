@@ -79,3 +79,60 @@ def test_the_rendered_chain_runs(renderer, host, pod, tmp_path, cidrs) -> None:
     assert kept == sorted(CLUSTER[c].split("/")[0] for c in cidrs)
     pycni("del", "pycni", pod.path)
     assert masq_rules(host) == [] and "eth0" not in pod.links()
+
+
+# --- pycni install --cluster-cidr ... --containerd-template PATH --------------------------------
+
+def install_template(tmp_path: Path, *more: str):
+    from test_install import cli
+
+    return cli("install", "--bin-dir", str(tmp_path / "bin"), "--conf-dir",
+               str(tmp_path / "net.d"), "--no-compile", *more)
+
+
+@pytest.mark.parametrize("clusters,cidrs,kept", [
+    (["fd00:10:244::/56", "10.244.0.0/16"], [V6, V4], ["10.244.0.0/16", "fd00:10:244::/56"]),
+    (["fd00:10:244::/56", "10.244.0.0/16"], [V6], ["fd00:10:244::/56"]),
+    (["10.96.0.0/12"], [V4, V6], ["10.96.0.0/12"]),  # the cluster's v4 only: nothing for v6
+    (["fd00:99::/48"], [V4], []),
+], ids=["dual", "dual-cluster-v6-node", "v4-cluster-dual-node", "v6-cluster-v4-node"])
+def test_install_writes_the_template_with_the_cluster_cidrs(renderer, tmp_path, monkeypatch,
+                                                            clusters, cidrs, kept) -> None:
+    monkeypatch.setenv("PYCNI_SOCKET", str(tmp_path / "no-daemon.sock"))
+    path = tmp_path / "containerd" / "pycni.tmpl"
+    more = [a for c in clusters for a in ("--cluster-cidr", c)]
+    code, out = install_template(tmp_path, *more, "--containerd-template", str(path))
+    assert code == 0, out
+    assert not (tmp_path / "net.d" / inst.DEFAULT_CONFLIST).exists()  # it would pre-empt it
+    manifest = json.loads((tmp_path / "bin" / inst.MANIFEST).read_text())
+    assert str(path) in {e["path"] for e in manifest["entries"]}
+    conf = render(renderer, cidrs)  # the shipped one, as reference for the rest
+    bridge = next(p for p in conf["plugins"] if p["type"] == "bridge")
+    proc = subprocess.run([str(renderer), str(path), ",".join(cidrs)], check=True,
+                          capture_output=True, text=True, timeout=60)
+    mine = json.loads(proc.stdout)
+    assert next(p for p in mine["plugins"] if p["type"] == "bridge")["nonMasqueradeCIDRs"] \
+        == kept
+    bridge["nonMasqueradeCIDRs"] = kept
+    assert mine == conf
+    code, out = install_template(tmp_path, "--containerd-template", str(path), *more)
+    assert code == 0, out  # again: the same file, recorded
+    from test_install import cli
+
+    assert cli("uninstall", "--bin-dir", str(tmp_path / "bin"))[0] == 0
+    assert not path.exists() and not path.parent.exists()
+
+
+@pytest.mark.parametrize("more,named", [
+    (["--pod-cidr", "10.244.1.0/24", "--cluster-cidr", "10.244.0.0/16"],
+     "--pod-cidr '10.244.1.0/24': not with --containerd-template"),
+    ([], "--containerd-template needs --cluster-cidr"),
+    (["--cluster-cidr", "10.244.0.1/16"], "did you mean 10.244.0.0/16?"),
+    (["--cluster-cidr", "10.244.0.0/16", "--conflist", "20-pycni-dualstack.conflist"],
+     "not with --conflist '20-pycni-dualstack.conflist'"),
+], ids=["pod-cidr", "no-cluster", "host-bits", "conflist"])
+def test_install_template_refusals_write_nothing(tmp_path, more, named) -> None:
+    code, out = install_template(tmp_path, "--containerd-template",
+                                 str(tmp_path / "containerd" / "t.tmpl"), *more)
+    assert code == 2 and named in out, out
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -73,17 +73,23 @@ def plan(bin_dir: Path, conf_dir: Path | None, conflist: str | None,
          units_dir: Path | None = None, root: Path = ROOT,
          sites: list[str] | None = None,
          plugins: dict[str, tuple[str, str]] | None = None,
-         pod_cidrs: Sequence[str] = (), cluster_cidrs: Sequence[str] = ()) -> list[Planned]:
+         pod_cidrs: Sequence[str] = (), cluster_cidrs: Sequence[str] = (),
+         containerd_template: Path | None = None) -> list[Planned]:
     """What install writes; `plugins`, the entry-point plugins (entrypoints.plugin_table), are
-    linked too. With pod CIDRs the conflist is the shipped default filled in for this node
-    (cluster.py)."""
+    linked too. With pod CIDRs the conflist is the shipped default filled in for this node;
+    with containerd_template, the shipped template with the cluster CIDRs goes there instead
+    of a conflist (cluster.py)."""
     python = python or venv_python()
     plugins = plugins or {}
     items = [Planned(bin_dir / MULTICALL, "file",
                      render_multicall(python, root, sites=sites, plugins=plugins))]
     items += [Planned(bin_dir / name, "symlink", target=MULTICALL)
               for name in (*registry.NAMES, *sorted(plugins))]
-    if conf_dir is not None and conflist:
+    if containerd_template is not None:
+        _, raw = render.conflist_source(cluster.TEMPLATE)
+        items.append(Planned(containerd_template, "file",
+                             cluster.render_template(raw, cluster_cidrs), mode=0o644))
+    elif conf_dir is not None and conflist:
         name, raw = render.conflist_source(conflist)
         if pod_cidrs or cluster_cidrs:
             raw = cluster.render(raw, pod_cidrs, cluster_cidrs)
@@ -124,13 +130,18 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
             conflist: str | None = DEFAULT_CONFLIST, *, force: bool = False,
             cni_version: str | None = None, compile_bytecode: bool = True,
             units_dir: Path | None = None, pod_cidrs: Sequence[str] = (),
-            cluster_cidrs: Sequence[str] = ()) -> list[str]:
+            cluster_cidrs: Sequence[str] = (),
+            containerd_template: Path | None = None) -> list[str]:
     """Install; returns human-readable lines of what was done. Refuses (changing nothing) when a
     path it would read or write is not root's alone (trust.py), or a different file is in the
     way, unless force (which keeps the old one as a backup). With units_dir (see systemd_dir) the
     daemon's units go there and the socket is enabled. With pod (and cluster) CIDRs the
-    conflist is the shipped default filled in for this node (cluster.py)."""
-    check_node_cidrs(conflist, conf_dir, pod_cidrs, cluster_cidrs)
+    conflist is the shipped default filled in for this node; with containerd_template the
+    shipped template with the cluster CIDRs is written there, and no conflist (cluster.py)."""
+    check_node_cidrs(conflist, conf_dir, pod_cidrs, cluster_cidrs, containerd_template)
+    if containerd_template is not None:
+        containerd_template = containerd_template.absolute()
+        trust.walk_dir_to_make(containerd_template.parent, "containerd template dir")
     bin_dir, conf_dir = bin_dir.absolute(), conf_dir.absolute() if conf_dir else None
     python = venv_python()
     check_interpreter(python, units_dir)
@@ -141,10 +152,11 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
     table, skipped = entrypoints.plugin_table()  # imported from the sites just checked
     items = plan(bin_dir, conf_dir, conflist, cni_version, python, units_dir,
                  root=lib or ROOT, sites=sites, plugins=table, pod_cidrs=pod_cidrs,
-                 cluster_cidrs=cluster_cidrs)
+                 cluster_cidrs=cluster_cidrs, containerd_template=containerd_template)
     _conflicts(bin_dir, items, force)  # refused before anything is written
     created = []
-    for d in filter(None, (bin_dir, conf_dir, units_dir)):
+    template_dir = containerd_template.parent if containerd_template else None
+    for d in filter(None, (bin_dir, conf_dir, units_dir, template_dir)):
         created += [str(p) for p in files.make_dirs(d)]
     with lock.held(bin_dir):
         done = _install_locked(bin_dir, items, _conflicts(bin_dir, items, force), created,
@@ -153,9 +165,24 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
 
 
 def check_node_cidrs(conflist: str | None, conf_dir: Path | None, pod_cidrs: Sequence[str],
-                     cluster_cidrs: Sequence[str]) -> None:
+                     cluster_cidrs: Sequence[str], containerd_template: Path | None = None
+                     ) -> None:
     """Pod and cluster CIDRs fill in the shipped default conflist, so they go with neither
-    another conflist (a file of one's own says its own ranges) nor none."""
+    another conflist (a file of one's own says its own ranges) nor none. The containerd
+    template takes cluster CIDRs only (containerd fills in the pod CIDRs) and replaces the
+    conflist (containerd renders it only while no conflist is loaded)."""
+    if containerd_template is not None:
+        if pod_cidrs:
+            raise InstallError(f"--pod-cidr {pod_cidrs[0]!r}: not with --containerd-template "
+                               "(containerd fills in the node's pod CIDRs)")
+        if not cluster_cidrs:
+            raise InstallError("--containerd-template needs --cluster-cidr (what it fills in)")
+        cluster.cluster_networks(cluster_cidrs)
+        if conflist not in (None, DEFAULT_CONFLIST):
+            raise InstallError(f"--containerd-template writes no conflist: not with --conflist "
+                               f"{conflist!r} (containerd renders the template only while no "
+                               "conflist is loaded)")
+        return
     if not pod_cidrs and not cluster_cidrs:
         return
     cluster.networks(pod_cidrs, cluster_cidrs)

@@ -1,6 +1,9 @@
 """The node's conflist on a cluster (`pycni install --pod-cidr ... --cluster-cidr ...`): the
 shipped 10-pycni.conflist with host-local ranges from the node's pod CIDRs and bridge
 nonMasqueradeCIDRs from the cluster's, for a runtime without a template of its own (CRI-O).
+For containerd, `--cluster-cidr ... --containerd-template PATH` writes the shipped
+conf/pycni-containerd.conflist.tmpl with the cluster CIDRs in place of its placeholders
+(containerd fills in the node's pod CIDRs itself).
 
 The rules, each refusal naming the value:
 - a CIDR is an IPv4 or IPv6 network with its prefix length written out and no host bits set;
@@ -48,6 +51,11 @@ def _by_family(option: str, values: Sequence[str]) -> dict[int, Network]:
     return out
 
 
+def cluster_networks(cluster_cidrs: Sequence[str]) -> list[str]:
+    """The cluster CIDRs alone (the containerd template's), checked and normalized."""
+    return [str(n) for _, n in sorted(_by_family("--cluster-cidr", cluster_cidrs).items())]
+
+
 def networks(pod_cidrs: Sequence[str], cluster_cidrs: Sequence[str]
              ) -> tuple[list[str], list[str]]:
     """The pod and cluster CIDRs, checked as the module says, normalized, IPv4 first."""
@@ -68,6 +76,37 @@ def networks(pod_cidrs: Sequence[str], cluster_cidrs: Sequence[str]
             raise InstallError(f"--pod-cidr {str(pod)!r}: not inside --cluster-cidr "
                                f"{str(cluster)!r}")
     return ([str(pods[v]) for v in sorted(pods)], [str(clusters[v]) for v in sorted(clusters)])
+
+
+TEMPLATE = "pycni-containerd.conflist.tmpl"
+_KEEP_LINE = '"nonMasqueradeCIDRs": ['
+
+
+def render_template(raw: bytes, cluster_cidrs: Sequence[str]) -> bytes:
+    """The shipped containerd template with these cluster CIDRs (at most one per family): each
+    written when the node has a pod CIDR of its family (containerd's .Routes names the node's
+    families, IPv4 first), so a single-stack node never gets one of the other family."""
+    clusters = {n.version: f'"{n}"' for n in _by_family("--cluster-cidr", cluster_cidrs).values()}
+    if not clusters:
+        raise InstallError("--containerd-template needs --cluster-cidr")
+    if len(clusters) == 2:
+        keep = ('{{range $i, $route := .Routes}}{{if $i}}, {{end}}{{if eq $route "::/0"}}'
+                f'{clusters[6]}{{{{else}}}}{clusters[4]}{{{{end}}}}{{{{end}}}}')
+    else:
+        (version, cidr), = clusters.items()
+        route = "0.0.0.0/0" if version == 4 else "::/0"
+        keep = f'{{{{range .Routes}}}}{{{{if eq . "{route}"}}}}{cidr}{{{{end}}}}{{{{end}}}}'
+    text = raw.decode()
+    if text.startswith("{{- /*") and "*/ -}}" in text:  # the placeholders' note: done here
+        text = ("{{- /* pycni install --containerd-template: containerd's CNI conf_template "
+                "(docs/kubernetes.md) */ -}}" + text.split("*/ -}}", 1)[1])
+    lines = text.splitlines(keepends=True)
+    at = [i for i, line in enumerate(lines) if line.lstrip().startswith(_KEEP_LINE)]
+    if len(at) != 1:
+        raise InstallError(f"the shipped {TEMPLATE} has no single {_KEEP_LINE!r} line")
+    indent = lines[at[0]][:len(lines[at[0]]) - len(lines[at[0]].lstrip())]
+    lines[at[0]] = f"{indent}{_KEEP_LINE}{keep}],\n"
+    return "".join(lines).encode()
 
 
 def render(raw: bytes, pod_cidrs: Sequence[str], cluster_cidrs: Sequence[str]) -> bytes:
