@@ -159,3 +159,20 @@ def test_swap_with_the_v1_9_1_reference(host, pod, netns_factory, tmp_path, adde
     runner.ok("bridge", "DEL", c, netns=pod.path, **sides[deleter])
     assert masq_rules(host) == [] and reservations(tmp_path) == []
     assert host_veths(host) == [], json.dumps(host.links())[:300]
+
+
+def test_check_reads_the_set_back_without_a_record(plugins, host, pod, tmp_path) -> None:
+    """A rule with a set and no record of pycni's (as after an upgrade from a release without
+    records): CHECK parses the rule's set from the listing."""
+    c = conf(tmp_path, ranges=POD_RANGES, ipMasq=True,
+             nonMasqueradeCIDRs=["10.96.0.0/12", *CLUSTER])
+    prev = add(plugins, c, pod)
+    record = masq.record_chain("testnet", "eth0", "ctr1")
+    host.run("nft", f"flush chain inet cni_plugins_masquerade {record}; "
+             f"delete chain inet cni_plugins_masquerade {record}")
+    plugins.ok("bridge", "CHECK", c | {"prevResult": prev}, netns=pod.path, path=ipam_path())
+    other = c | {"nonMasqueradeCIDRs": CLUSTER, "prevResult": prev}
+    code, out, _ = plugins.exec("bridge", "CHECK", other, netns=pod.path, path=ipam_path())
+    assert code == 1 and "['10.244.0.0/16', '10.96.0.0/12'] alone" in out["msg"], out
+    plugins.ok("bridge", "DEL", c, netns=pod.path, path=ipam_path())
+    assert masq_rules(host) == []

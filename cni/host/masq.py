@@ -141,19 +141,20 @@ def setup(ips: list[str], network: str, ifname: str, container_id: str,
     )
     fresh = nftrecord.fresh_chain_script(FAMILY, TABLE, record)
     sources: list[str] = []
-    kept: list[str] = []  # fact "d": source@destination, what CHECK compares with the config
+    kept: list[str] = []  # fact "d": source@destination where more than its subnet (CHECK)
     rules = ""
     for cidr in ips:
         iface = ipaddress.ip_interface(cidr)
         proto = "ip" if iface.version == 4 else "ip6"
         dsts = destinations(cidr, keep)
         sources.append(str(iface.ip))
-        kept += [f"{iface.ip}@{d}" for d in dsts]
+        if dsts != [str(iface.network)]:
+            kept += [f"{iface.ip}@{d}" for d in dsts]
         daddr = dsts[0] if len(dsts) == 1 else "{ " + ", ".join(dsts) + " }"
         rules += (f"add rule {FAMILY} {TABLE} {CHAIN} {proto} saddr {iface.ip} "
                   f"{proto} daddr != {daddr} masquerade comment {tag}\n")
     rules += nftrecord.meta_script(FAMILY, TABLE, record, [CHAIN] * len(sources),
-                                   {"a": sources, "d": kept})
+                                   {"a": sources, "d": kept} if kept else {"a": sources})
     # The usual ADD is of a fresh attachment (no record yet): its batch is sent without reading
     # the record first, and `create`s the record chain, which fails the whole batch (nothing
     # changed) when the chain is there (a re-ADD). Otherwise it is the very batch the record's
@@ -195,16 +196,16 @@ def teardown(network: str, ifname: str, container_id: str) -> int:
     return len(found)
 
 
-def present(network: str, ifname: str, container_id: str) -> dict[str, set[str]]:
+def present(network: str, ifname: str, container_id: str) -> dict[str, set[str] | None]:
     """Source addresses this attachment's rules masquerade, each with the destinations its rule
-    leaves alone (for CHECK). A record of a release before nonMasqueradeCIDRs has no
-    destinations (fact "d"): the rules are listed then, as without a record."""
+    leaves alone (for CHECK); None: only the source's own subnet, as the reference's rule (a
+    record says so by no fact "d" for it: so did every record before nonMasqueradeCIDRs)."""
     rec = _record(network, ifname, container_id)
-    if rec is not None and rec.fact("d") and nftrecord.present(FAMILY, TABLE, rec.handles):
-        out: dict[str, set[str]] = {a: set() for a in rec.fact("a")}
+    if rec is not None and nftrecord.present(FAMILY, TABLE, rec.handles):
+        out: dict[str, set[str] | None] = {a: None for a in rec.fact("a")}
         for item in rec.fact("d"):
             source, _, dst = item.partition("@")
-            out.setdefault(source, set()).add(dst)
+            out[source] = (out.get(source) or set()) | {dst}
         return out
     out = {}
     for rule in _rules(*_instance_prefixes(network, ifname, container_id)):

@@ -469,9 +469,11 @@ def check(req: Request) -> None:
             if address not in have:
                 raise CNIError(Code.INTERNAL, f"masquerade rule for {address} is missing")
             want = masq.destinations(ipc["address"], conf.nonMasqueradeCIDRs or [])
-            if have[address] != set(want):
+            got = have[address]
+            got = {str(ipaddress.ip_interface(ipc["address"]).network)} if got is None else got
+            if got != set(want):
                 raise CNIError(Code.INTERNAL, f"masquerade rule for {address} leaves "
-                               f"{sorted(have[address])} alone, the config says {want}")
+                               f"{sorted(got)} alone, the config says {want}")
     if conf.macspoofchk and not spoofchk.present(req.container_id, req.ifname, conf.name):
         raise CNIError(Code.INTERNAL, f"mac spoof check for {req.ifname} is missing")
 
