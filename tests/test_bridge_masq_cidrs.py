@@ -121,6 +121,19 @@ def test_bad_values_are_error_7_and_leave_nothing(plugins, host, pod, tmp_path, 
     plugins.ok("bridge", "DEL", c, netns=pod.path, path=ipam_path())  # DEL tolerates it
 
 
+def test_an_ipv6_scope_id_never_reaches_nft(plugins, host, pod, tmp_path) -> None:
+    """ipaddress keeps an IPv6 scope ID verbatim in a network's text; on a dual-stack network
+    (so the family check passes) it is refused as not a CIDR, before anything is made."""
+    value = "fd00::%x; flush ruleset/64"
+    host.run("nft", "add table inet canary")
+    c = conf(tmp_path, ranges=POD_RANGES, ipMasq=True, nonMasqueradeCIDRs=[value])
+    code, out, _ = plugins.exec("bridge", "ADD", c, netns=pod.path, path=ipam_path())
+    assert code == 1 and out["code"] == 7, out
+    assert f'nonMasqueradeCIDRs[0] "{value}": not a CIDR' in out["msg"], out
+    assert host.run("nft", "list", "tables").stdout.split() == ["table", "inet", "canary"]
+    assert host_veths(host) == [] and reservations(tmp_path) == []
+
+
 @pytest.mark.parametrize("garbage", [5, "10.244.0.0/16", ["10.244.0.1/16"], ["fd00::/8"]])
 def test_del_with_a_garbage_value_still_cleans(plugins, host, pod, tmp_path, garbage) -> None:
     c = conf(tmp_path, subnet="10.244.1.0/24", ipMasq=True, nonMasqueradeCIDRs=CLUSTER[:1])

@@ -28,7 +28,7 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def _network(option: str, value: str) -> Network:
-    if "/" not in value:
+    if "/" not in value or "%" in value:  # an IPv6 scope ID ipaddress would keep verbatim
         raise InstallError(f"{option} {value!r}: not a CIDR (address/prefix length)")
     try:
         return ipaddress.ip_network(value)

@@ -116,7 +116,7 @@ def non_masquerade_cidr(index: int, value: str) -> str:
     written out and no host bits set (as ipaddress's strict parse and netaddr's `cidr` judge it:
     "10.244.0.1/16" is refused, most likely a typo of 10.244.0.0/16)."""
     key = f"nonMasqueradeCIDRs[{index}]"
-    if "/" not in value:
+    if "/" not in value or "%" in value:  # an IPv6 scope ID ipaddress would keep verbatim
         raise invalid_config(key, value, "not a CIDR (address/prefix length)")
     try:
         return str(ipaddress.ip_network(value))
