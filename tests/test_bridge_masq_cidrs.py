@@ -118,6 +118,11 @@ def test_bad_values_are_error_7_and_leave_nothing(plugins, host, pod, tmp_path, 
     assert reservations(tmp_path) == [] and masq_rules(host) == []
     if value == ["10.244.0.1/16"]:
         assert "did you mean 10.244.0.0/16" in out["msg"]
+    if "fd00:10:244::/56" not in value:  # CHECK reads the config first, as ADD
+        prev = {"cniVersion": "1.0.0", "interfaces": [], "ips": []}
+        code, out, _ = plugins.exec("bridge", "CHECK", c | {"prevResult": prev},
+                                    netns=pod.path, path=ipam_path())
+        assert code == 1 and out["code"] == 7 and named in out["msg"], out
     plugins.ok("bridge", "DEL", c, netns=pod.path, path=ipam_path())  # DEL tolerates it
 
 
