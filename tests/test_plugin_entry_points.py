@@ -68,6 +68,7 @@ def fake_dists(tmp_path: Path, monkeypatch) -> Iterator[callable]:
     site = tmp_path / "site"
     site.mkdir()
     monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(registry, "SITES", [str(site)])  # the site dirs entry points come from
     made: list[str] = []
 
     def make(dist: str, entries: dict[str, str], modules: dict[str, str]) -> Path:
@@ -85,6 +86,8 @@ def fake_dists(tmp_path: Path, monkeypatch) -> Iterator[callable]:
     saved = dict(registry.SUPPORTED_FROM)
     yield make
     registry._found = None
+    registry.FIXED = False
+    registry.DISTS.clear()
     registry.REFUSED.clear()
     registry.INSTALLED.clear()
     registry.SUPPORTED_FROM.clear()
@@ -143,6 +146,7 @@ def test_installed_table_is_used_without_reading_metadata(fake_dists, monkeypatc
         raise AssertionError("entry points read")
 
     monkeypatch.setattr("importlib.metadata.entry_points", no_metadata)
+    monkeypatch.setattr("importlib.metadata.distributions", no_metadata)
     registry.INSTALLED["tiny"] = ("tiny_mod", "0.4.0")
     reply = skel.run("tiny", {**ENV, "CNI_COMMAND": "ADD"}, conf("1.0.0", "tiny"))
     assert reply.code == 0, reply
@@ -175,8 +179,10 @@ def cli(*args: str) -> tuple[int, str]:
 def test_install_links_entry_points_and_bakes_their_versions(fake_dists, tmp_path,
                                                              monkeypatch) -> None:
     monkeypatch.setenv("PYCNI_SOCKET", str(tmp_path / "no-daemon.sock"))
-    fake_dists("mixed", {"greeter": "greeter_mod:Greeter", "broken": "broken_mod"},
-               {"greeter_mod": CLASS_PLUGIN, "broken_mod": BROKEN_PLUGIN})
+    site = fake_dists("mixed", {"greeter": "greeter_mod:Greeter", "broken": "broken_mod"},
+                      {"greeter_mod": CLASS_PLUGIN, "broken_mod": BROKEN_PLUGIN})
+    real_sites = inst.site_dirs
+    monkeypatch.setattr(inst, "site_dirs", lambda python: [*real_sites(python), str(site)])
     bin_dir, conf_dir = tmp_path / "bin", tmp_path / "net.d"
     code, out = cli("install", "--bin-dir", str(bin_dir), "--conf-dir", str(conf_dir),
                     "--no-systemd", "--no-compile")
@@ -206,7 +212,7 @@ def test_install_links_entry_points_and_bakes_their_versions(fake_dists, tmp_pat
     # the package is gone: the next install drops its name; uninstall leaves nothing
     registry._found = {}
     registry.REFUSED.clear()
-    monkeypatch.setattr(entrypoints, "plugin_table", lambda: ({}, {}))
+    monkeypatch.setattr(entrypoints, "plugin_table", lambda *_a: ({}, {}))
     code, out = cli("install", "--bin-dir", str(bin_dir), "--conf-dir", str(conf_dir),
                     "--no-systemd", "--no-compile")
     assert code == 0, out
@@ -245,15 +251,28 @@ def test_attachments_name_the_entry_point_plugins_of_a_chain(fake_dists) -> None
     assert att.owns() == ["plugin:greeter"] and att.to_json()["plugins"] == ["greeter"]
 
 
-def test_a_plugin_installed_after_discovery_is_found_on_its_first_request(fake_dists) -> None:
-    """The daemon discovered at start; a package pip-installed since is found by the request
-    for it (one metadata read), not refused as unknown until a restart."""
+def test_a_plugin_installed_after_discovery_is_found_in_process_not_by_the_daemon(
+        fake_dists) -> None:
+    """In-process, a package pip-installed since the last discovery is found by the request for
+    it (one metadata read). The daemon's table is fixed at its start (registry.fix): it reads
+    no metadata at request time, and refuses the name (restart it) before its child becomes
+    the caller (registry.refusal, asked by child.run_request first)."""
     fake_dists("early", {"tiny": "tiny_mod"}, {"tiny_mod": MODULE_PLUGIN})
     assert "greeter" not in registry.discover()
     site = fake_dists("late", {"greeter": "greeter_mod:Greeter"}, {"greeter_mod": CLASS_PLUGIN})
-    registry._found = {"tiny": "tiny_mod"}  # as the daemon's start left it
+    registry._found = {"tiny": "tiny_mod"}  # as a discovery before it left it
     assert (site / "greeter_mod.py").is_file()
     reply = skel.run("greeter", {**ENV, "CNI_COMMAND": "ADD"}, conf("1.0.0", "greeter"))
     assert reply.code == 0, reply
     reply = skel.run("nosuch", {**ENV, "CNI_COMMAND": "ADD"}, conf("1.0.0", "nosuch"))
     assert json.loads(reply.stdout)["msg"] == 'unknown plugin "nosuch"'
+    # the daemon: what it found at start, and nothing else
+    registry._found = {"tiny": "tiny_mod"}
+    del skel._loaded["greeter"]
+    registry.fix()
+    assert registry.refusal("tiny") is None and registry.refusal("bridge") is None
+    code, msg = registry.refusal("greeter")
+    assert code == 999 and "restart" in msg
+    reply = skel.run("greeter", {**ENV, "CNI_COMMAND": "ADD"}, conf("1.0.0", "greeter"))
+    assert "restart" in json.loads(reply.stdout)["msg"], reply
+    assert registry.refusal("../x")[0] == 7 and registry.refusal("a b")[0] == 7
