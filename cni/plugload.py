@@ -37,14 +37,14 @@ import sys
 sys.path[0:0] = sys.argv[2:]
 import importlib, json, os
 def state():
-    ns = {}
+    out = {}
     for kind in ("net", "mnt", "uts", "ipc", "pid", "user", "cgroup"):
         try:
-            ns[kind] = os.stat(f"/proc/thread-self/ns/{kind}").st_ino
+            out[kind + " namespace"] = os.stat(f"/proc/thread-self/ns/{kind}").st_ino
         except OSError:
             pass
     mask = os.umask(0o022); os.umask(mask)
-    return {"ns": ns, "cwd": os.getcwd(), "umask": mask, "env": dict(os.environ),
+    return {**out, "cwd": os.getcwd(), "umask": mask, "environment": dict(os.environ),
             "threads": len(os.listdir("/proc/self/task"))}
 before = state()
 report = {}
@@ -130,7 +130,8 @@ def probe(targets: dict[str, str], sites: list[str], python: str | None = None,
     for name, proc in procs.items():
         target = targets[name]
         try:
-            out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            # past the deadline (one before it hung), a child that is done is still read
+            out, err = proc.communicate(timeout=max(0.5, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             _kill(proc)
             refused[name] = f"importing {target} did not finish within {timeout:g}s"

@@ -10,11 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 from cnitest import ROOT, VENV_PY
 
@@ -23,6 +19,8 @@ from cni import install as inst
 from cni.cli import main
 from cni.fast import preload, shim
 from cni.install import entrypoints
+
+pytest_plugins = ("plugin_dists",)  # the fake_dists fixture
 
 # A third-party plugin as a class (module:object): ADD returns a result of the current version,
 # skel prints it in the config's; CHECK refuses with a CNI error; it speaks 0.3.0 and later.
@@ -59,44 +57,6 @@ ENV = {"CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "
 
 def conf(version: str, plugin: str) -> bytes:
     return json.dumps({"cniVersion": version, "name": "net", "type": plugin}).encode()
-
-
-@pytest.fixture
-def fake_dists(tmp_path: Path, monkeypatch) -> Iterator[callable]:
-    """make(dist, {name: value}, {module: source}): a distribution with pycni.plugins entry
-    points on sys.path; the registry's and skel's findings are forgotten afterwards."""
-    site = tmp_path / "site"
-    site.mkdir()
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setattr(registry, "SITES", [str(site)])  # the site dirs entry points come from
-    made: list[str] = []
-
-    def make(dist: str, entries: dict[str, str], modules: dict[str, str]) -> Path:
-        info = site / f"{dist}-1.0.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
-        (info / "entry_points.txt").write_text(
-            "[pycni.plugins]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()))
-        for name, source in modules.items():
-            (site / f"{name}.py").write_text(source)
-            made.append(name)
-        registry.discover(refresh=True)
-        return site
-
-    saved = dict(registry.SUPPORTED_FROM)
-    yield make
-    registry._found = None
-    registry.FIXED = False
-    registry.DISTS.clear()
-    registry.REFUSED.clear()
-    registry.INSTALLED.clear()
-    registry.SUPPORTED_FROM.clear()
-    registry.SUPPORTED_FROM.update(saved)
-    for name in list(skel._loaded):
-        if name not in registry.PLUGINS:
-            del skel._loaded[name]
-    for name in made:
-        sys.modules.pop(name, None)
 
 
 def test_discover_finds_entry_points_and_refuses_what_cannot_be_served(fake_dists) -> None:
