@@ -285,3 +285,66 @@ def _run_bad_plugins(daemon: Daemon, plugins: Plugins, pod) -> None:
         code, out = call(name)
         assert code == 0 and out["ips"][0]["address"] == "198.51.100.9/24", out
         loopback()
+
+
+def planted(where: Path, marker: Path) -> Path:
+    """`where`, owned by nobody, holding a distribution whose module writes `marker` when
+    imported (and would be a plugin named evil)."""
+    where.mkdir()
+    write_dist(where, "evil", {"evil": "evil_mod"},
+               {"evil_mod": f"open({str(marker)!r}, 'w').write('imported')\n" + GOOD})
+    subprocess.run(["chown", "-R", "nobody:nogroup", str(where)], check=True)
+    return where
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("via", ["cwd", "PYTHONPATH"])
+def test_install_reads_no_entry_point_from_cwd_or_pythonpath(tmp_path, via) -> None:
+    """Root runs `python -m cni.cli install` in a dir another user can write (sys.path[0]), or
+    with PYTHONPATH kept (sudo -E): a distribution planted there is neither imported nor baked
+    into the executable's table; entry points come from the venv's site dirs only."""
+    from cni.install import MULTICALL
+
+    marker = tmp_path / "imported"
+    plant = planted(tmp_path / "planted", marker)
+    bin_dir, conf_dir = tmp_path / "bin", tmp_path / "net.d"
+    env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "PYCNI_SYSTEMD": "0",
+           "PYCNI_SOCKET": str(tmp_path / "no-daemon.sock")}
+    if via == "PYTHONPATH":
+        env["PYTHONPATH"] = str(plant)
+    proc = subprocess.run([str(VENV_PY), "-m", "cni.cli", "install", "--bin-dir", str(bin_dir),
+                           "--conf-dir", str(conf_dir), "--no-compile"],
+                          cwd=plant if via == "cwd" else tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not marker.exists()
+    assert "_plugins = {}  # pycni:plugins" in (bin_dir / MULTICALL).read_text()
+    assert not (bin_dir / "evil").exists() and "evil" not in proc.stdout
+
+
+def test_a_plugin_file_others_can_write_is_refused_naming_path_and_owner(fake_dists) -> None:
+    """A module file group or others can write, a package file owned by another user, a
+    dist-info file others can write: each plugin refused by install, doctor and the in-process
+    path, naming the path, its owner and mode; the module never imported."""
+    site = fake_dists("loose", {"ww": "ww_mod", "pkg": "pkg_mod", "tiny": "tiny_mod"},
+                      {"ww_mod": GOOD, "tiny_mod": GOOD})
+    (site / "pkg_mod").mkdir()
+    (site / "pkg_mod" / "__init__.py").write_text(GOOD)
+    (site / "pkg_mod" / "__init__.py").chmod(0o644)
+    os.chown(site / "pkg_mod" / "__init__.py", 65534, 65534)
+    (site / "ww_mod.py").chmod(0o666)
+    write_dist(site, "looseinfo", {"wwinfo": "wwinfo_mod"}, {"wwinfo_mod": GOOD})
+    (site / "looseinfo-1.0.dist-info" / "entry_points.txt").chmod(0o646)
+    table, skipped = entrypoints.plugin_table([str(site)])
+    assert table == {"tiny": ("tiny_mod", "")}
+    assert f"{site}/ww_mod.py is owned by root (uid 0) with mode 0666" in skipped["ww"]
+    assert f"{site}/pkg_mod/__init__.py is owned by nobody (uid 65534)" in skipped["pkg"]
+    assert (f"{site}/looseinfo-1.0.dist-info/entry_points.txt is owned by root (uid 0) with "
+            f"mode 0646") in skipped["wwinfo"]
+    found = {f.what: f for f in doctor.plugin_findings()}
+    assert "ww_mod.py" in found["plugin ww"].detail and found["plugin ww"].status == doctor.WARN
+    registry._found = None
+    reply = skel.run("ww", {**ENV, "CNI_COMMAND": "ADD"}, conf("ww"))
+    out = json.loads(reply.stdout)
+    assert out["code"] == 50 and "ww_mod.py is owned by root (uid 0) with mode 0666" in out["msg"]
+    assert "ww_mod" not in sys.modules and "pkg_mod" not in sys.modules
