@@ -12,6 +12,17 @@ import pytest
 from cni import registry, skel
 
 Make = Callable[..., Path]
+# A plugin as a plain module: ADD's result in the current version
+MODULE_PLUGIN = '''
+def add(req):
+    return {"cniVersion": req.version, "ips": [{"address": "198.51.100.9/24"}]}
+
+def check(req):
+    return None
+
+def delete(req):
+    return None
+'''
 
 
 def write_dist(site: Path, dist: str, entries: dict[str, str], modules: dict[str, str]) -> None:

@@ -13,6 +13,7 @@ import subprocess
 
 from click.testing import CliRunner
 from cnitest import ROOT, VENV_PY
+from plugin_dists import MODULE_PLUGIN
 
 from cni import doctor, registry, skel
 from cni import install as inst
@@ -39,16 +40,6 @@ class Greeter:
 
     def delete(self, req: Request):
         return None
-'''
-MODULE_PLUGIN = '''
-def add(req):
-    return {"cniVersion": req.version, "ips": [{"address": "198.51.100.9/24"}]}
-
-def check(req):
-    return None
-
-def delete(req):
-    return None
 '''
 BROKEN_PLUGIN = "raise RuntimeError('cannot start')\n"
 ENV = {"CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "eth0",

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from cnitest import BIN, ROOT, VENV_PY, Plugins
+from plugin_dists import MODULE_PLUGIN as GOOD
 from plugin_dists import write_dist
 from test_daemon import Daemon, wait_for
 
@@ -27,16 +28,6 @@ from cni.install import entrypoints
 
 pytest_plugins = ("plugin_dists",)  # the fake_dists fixture
 
-GOOD = '''
-def add(req):
-    return {"cniVersion": req.version, "ips": [{"address": "198.51.100.9/24"}]}
-
-def check(req):
-    return None
-
-def delete(req):
-    return None
-'''
 UNSHARE = "import ctypes\nassert ctypes.CDLL(None, use_errno=True).unshare(0x40000000) == 0\n"
 THREAD = "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,)).start()\n"
 # at import: name -> (module, source, what the refusal says)
