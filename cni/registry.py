@@ -112,11 +112,21 @@ def site_dirs() -> list[str]:
     """This interpreter's purelib and platlib (or SITES), each once."""
     if SITES is not None:
         return list(SITES)
+    import os
+    import sys
     import sysconfig
 
+    scheme, where = None, None
+    if sys.prefix == sys.base_prefix and sys.flags.no_site:  # -S: site.venv() did not run;
+        here = os.path.dirname(sys.executable)  # find the venv as it would (the executables)
+        for d in (here, os.path.dirname(here)):
+            if os.path.isfile(os.path.join(d, "pyvenv.cfg")):
+                scheme = "venv" if "venv" in sysconfig.get_scheme_names() else "posix_prefix"
+                where = {"base": d, "platbase": d}
+                break
     out: list[str] = []
     for key in ("purelib", "platlib"):
-        d = sysconfig.get_path(key)
+        d = sysconfig.get_path(key, scheme, where) if scheme else sysconfig.get_path(key)
         if d not in out:
             out.append(d)
     return out
