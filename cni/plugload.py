@@ -3,7 +3,8 @@
 Before the daemon, install, doctor or the in-process path imports an entry-point plugin here:
 
 - its files are checked (check_files): the site dir it is found in, its module (a file, or a
-  package's dir and every file under it) and its dist-info dir and files must be root's and
+  package's dir and every file under it), its dist-info dir and files, and the other files its
+  distribution's RECORD lists in the site dirs must be root's and
   writable by root alone (cni.install.trust's rule), else it is refused naming the path, owner
   and mode. The module is looked up in the site dirs only, and must be the one this process's
   import would find (not shadowed by an entry of sys.path before them);
@@ -89,9 +90,12 @@ def check_files(name: str, target: str, sites: list[str]) -> str:
             trust.check_tree(Path(where), f"plugin {name}'s package")
         if not locations:
             trust.walk(spec.origin, f"plugin {name}'s module")
-        info = getattr(registry.DISTS.get(name), "_path", None)
+        dist = registry.DISTS.get(name)
+        info = getattr(dist, "_path", None)
         if info is not None:
             trust.check_tree(Path(info), f"plugin {name}'s dist-info")
+        for path in _recorded(dist, sites):  # its other modules too (RECORD)
+            trust.walk(path, f"plugin {name}'s file")
     except InstallError as e:
         raise Refused(str(e).split("; install reads")[0]) from None
     path = locations[0] if locations else spec.origin
@@ -104,6 +108,17 @@ def check_files(name: str, target: str, sites: list[str]) -> str:
         raise Refused(f"module {top} would be imported from {mine_at[0]}, not from the site "
                       f"dir's {path} (an entry of sys.path before the site dirs)")
     return path
+
+
+def _recorded(dist: object, sites: list[str]) -> list[str]:
+    """The files a distribution's RECORD lists inside the site dirs (that exist)."""
+    out = []
+    inside = [os.path.abspath(d) + "/" for d in sites]
+    for f in getattr(dist, "files", None) or []:
+        path = os.path.abspath(str(f.locate()))
+        if any(path.startswith(d) for d in inside) and os.path.lexists(path):
+            out.append(path)
+    return out
 
 
 def probe(targets: dict[str, str], sites: list[str], python: str | None = None,

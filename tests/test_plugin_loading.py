@@ -325,7 +325,8 @@ def test_install_reads_no_entry_point_from_cwd_or_pythonpath(tmp_path, via) -> N
 
 def test_a_plugin_file_others_can_write_is_refused_naming_path_and_owner(fake_dists) -> None:
     """A module file group or others can write, a package file owned by another user, a
-    dist-info file others can write: each plugin refused by install, doctor and the in-process
+    dist-info file others can write, another module its distribution ships (RECORD) others
+    can write: each plugin refused by install, doctor and the in-process
     path, naming the path, its owner and mode; the module never imported."""
     site = fake_dists("loose", {"ww": "ww_mod", "pkg": "pkg_mod", "tiny": "tiny_mod"},
                       {"ww_mod": GOOD, "tiny_mod": GOOD})
@@ -336,9 +337,15 @@ def test_a_plugin_file_others_can_write_is_refused_naming_path_and_owner(fake_di
     (site / "ww_mod.py").chmod(0o666)
     write_dist(site, "looseinfo", {"wwinfo": "wwinfo_mod"}, {"wwinfo_mod": GOOD})
     (site / "looseinfo-1.0.dist-info" / "entry_points.txt").chmod(0o646)
+    # a module the plugin's distribution ships beside it (its RECORD lists it), others can write
+    write_dist(site, "rec", {"rec": "rec_mod"}, {"rec_mod": "import helper_mod\n",
+                                                   "helper_mod": GOOD})
+    (site / "rec-1.0.dist-info" / "RECORD").write_text("rec_mod.py,,\nhelper_mod.py,,\n")
+    (site / "helper_mod.py").chmod(0o662)
     table, skipped = entrypoints.plugin_table([str(site)])
     assert table == {"tiny": ("tiny_mod", "")}
     assert f"{site}/ww_mod.py is owned by root (uid 0) with mode 0666" in skipped["ww"]
+    assert f"{site}/helper_mod.py is owned by root (uid 0) with mode 0662" in skipped["rec"]
     assert f"{site}/pkg_mod/__init__.py is owned by nobody (uid 65534)" in skipped["pkg"]
     assert (f"{site}/looseinfo-1.0.dist-info/entry_points.txt is owned by root (uid 0) with "
             f"mode 0646") in skipped["wwinfo"]
