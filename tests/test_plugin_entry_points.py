@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from cnitest import ROOT, VENV_PY
 from plugin_dists import MODULE_PLUGIN
 
-from cni import doctor, registry, skel
+from cni import doctor, plugload, registry, skel
 from cni import install as inst
 from cni.cli import main
 from cni.fast import preload, shim
@@ -130,8 +130,11 @@ def cli(*args: str) -> tuple[int, str]:
 def test_install_links_entry_points_and_bakes_their_versions(fake_dists, tmp_path,
                                                              monkeypatch) -> None:
     monkeypatch.setenv("PYCNI_SOCKET", str(tmp_path / "no-daemon.sock"))
-    site = fake_dists("mixed", {"greeter": "greeter_mod:Greeter", "broken": "broken_mod"},
-                      {"greeter_mod": CLASS_PLUGIN, "broken_mod": BROKEN_PLUGIN})
+    monkeypatch.setattr(plugload, "PROBE_TIMEOUT", 5.0)
+    site = fake_dists("mixed", {"greeter": "greeter_mod:Greeter", "broken": "broken_mod",
+                                "hang": "hang_mod"},
+                      {"greeter_mod": CLASS_PLUGIN, "broken_mod": BROKEN_PLUGIN,
+                       "hang_mod": "import time\ntime.sleep(3600)\n"})
     real_sites = inst.site_dirs
     monkeypatch.setattr(inst, "site_dirs", lambda python: [*real_sites(python), str(site)])
     bin_dir, conf_dir = tmp_path / "bin", tmp_path / "net.d"
@@ -139,6 +142,7 @@ def test_install_links_entry_points_and_bakes_their_versions(fake_dists, tmp_pat
                     "--no-systemd", "--no-compile")
     assert code == 0, out
     assert "skipped plugin broken" in out and not (bin_dir / "broken").exists()
+    assert "skipped plugin hang" in out and "did not finish within 5s" in out  # install returns
     assert os.readlink(bin_dir / "greeter") == inst.MULTICALL
     manifest = inst.Manifest.load(bin_dir)
     assert manifest.plugins == {"greeter": "greeter_mod:Greeter"}
