@@ -104,7 +104,7 @@ def check_files(name: str, target: str, sites: list[str]) -> str:
     here = sys.modules.get(top)
     mine = getattr(here, "__spec__", None) if here is not None else find_spec(top)
     mine_at = (list(mine.submodule_search_locations or [])[:1] or [mine.origin]) if mine else []
-    if mine is not None and mine_at[0] != path:
+    if mine is not None and os.path.realpath(mine_at[0] or "") != os.path.realpath(path):
         raise Refused(f"module {top} would be imported from {mine_at[0]}, not from the site "
                       f"dir's {path} (an entry of sys.path before the site dirs)")
     return path

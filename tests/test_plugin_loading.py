@@ -356,3 +356,18 @@ def test_a_plugin_file_others_can_write_is_refused_naming_path_and_owner(fake_di
     out = json.loads(reply.stdout)
     assert out["code"] == 50 and "ww_mod.py is owned by root (uid 0) with mode 0666" in out["msg"]
     assert "ww_mod" not in sys.modules and "pkg_mod" not in sys.modules
+
+
+def test_a_plugin_module_shadowed_by_an_earlier_sys_path_entry_is_refused(
+        fake_dists, tmp_path, monkeypatch) -> None:
+    """The site dir's module passed the checks; a module of the same name earlier on this
+    process's sys.path (a cwd, PYTHONPATH) is what import would load: refused, naming it."""
+    fake_dists("shadowed", {"shady": "shady_mod"}, {"shady_mod": GOOD})
+    early = tmp_path / "early"
+    early.mkdir()
+    (early / "shady_mod.py").write_text("raise SystemExit('planted')\n")
+    monkeypatch.syspath_prepend(str(early))
+    reply = skel.run("shady", {**ENV, "CNI_COMMAND": "ADD"}, conf("shady"))
+    out = json.loads(reply.stdout)
+    assert out["code"] == 50 and f"would be imported from {early}/shady_mod.py" in out["msg"], out
+    assert "shady_mod" not in sys.modules
