@@ -36,8 +36,8 @@ def write_dist(site: Path, dist: str, entries: dict[str, str], modules: dict[str
         (site / f"{name}.py").write_text(source)
 
 
-@pytest.fixture
-def fake_dists(tmp_path: Path, monkeypatch) -> Iterator[Make]:
+@pytest.fixture(name="fake_dists")  # imported by the tests that use it
+def fake_dists_fixture(tmp_path: Path, monkeypatch) -> Iterator[Make]:
     """make(dist, {name: value}, {module: source}): a distribution with pycni.plugins entry
     points on sys.path; the registry's and skel's findings are forgotten afterwards."""
     site = tmp_path / "site"

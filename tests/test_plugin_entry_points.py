@@ -13,15 +13,13 @@ import subprocess
 
 from click.testing import CliRunner
 from cnitest import ROOT, VENV_PY
-from plugin_dists import MODULE_PLUGIN
+from plugin_dists import MODULE_PLUGIN, fake_dists_fixture  # noqa: F401 - the fixture
 
 from cni import doctor, plugload, registry, skel
 from cni import install as inst
 from cni.cli import main
 from cni.fast import preload, shim
 from cni.install import entrypoints
-
-pytest_plugins = ("plugin_dists",)  # the fake_dists fixture
 
 # A third-party plugin as a class (module:object): ADD returns a result of the current version,
 # skel prints it in the config's; CHECK refuses with a CNI error; it speaks 0.3.0 and later.

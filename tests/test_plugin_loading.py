@@ -19,14 +19,12 @@ from pathlib import Path
 import pytest
 from cnitest import BIN, ROOT, VENV_PY, Plugins
 from plugin_dists import MODULE_PLUGIN as GOOD
-from plugin_dists import write_dist
+from plugin_dists import fake_dists_fixture, write_dist  # noqa: F401 - the fixture
 from test_daemon import Daemon, wait_for
 
 from cni import doctor, plugload, registry, skel
 from cni.fast import preload
 from cni.install import entrypoints
-
-pytest_plugins = ("plugin_dists",)  # the fake_dists fixture
 
 UNSHARE = "import ctypes\nassert ctypes.CDLL(None, use_errno=True).unshare(0x40000000) == 0\n"
 THREAD = "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,)).start()\n"
