@@ -305,23 +305,21 @@ def daemon_status_findings(path: str) -> list[Finding]:
 
 
 def plugin_findings(bin_dir: Path | None = None) -> list[Finding]:
-    """The entry-point plugins (cni.registry.discover), each imported as the daemon would; with
-    bin_dir, whether install linked it there."""
-    from cni import skel
+    """The entry-point plugins of this venv's site dirs (cni.registry.discover), each checked
+    and its import tried in a child with a deadline (cni.plugload), as the daemon would, never
+    imported here; with bin_dir, whether install linked it there."""
+    from cni import plugload
 
     try:
-        found = registry.discover(refresh=True)
+        sites = registry.site_dirs()
+        found = registry.discover(refresh=True, sites=sites)
     except Exception as e:  # noqa: BLE001 - unreadable metadata
         return [Finding(WARN, f"{registry.GROUP} entry points", f"unreadable: {e}", REINSTALL)]
+    ok, refused = plugload.vet(found, sites)
     out = [Finding(WARN, f"plugin {name}", why, "fix or remove the package declaring it")
-           for name, why in sorted(registry.REFUSED.items())]
-    for name, target in sorted(found.items()):
-        try:
-            skel.load(name)
-        except Exception as e:  # noqa: BLE001 - the daemon would refuse it the same way
-            out.append(Finding(WARN, f"plugin {name}", f"importing {target} failed: "
-                               f"{type(e).__name__}: {e}", "fix or remove its package"))
-            continue
+           for name, why in sorted({**registry.REFUSED, **refused}.items())]
+    for name in sorted(ok):
+        target = found[name]
         if bin_dir is not None and not (bin_dir / name).exists():
             out.append(Finding(WARN, f"plugin {name}", f"{target}, not in {bin_dir}",
                                f"pycni install --bin-dir {bin_dir}"))

@@ -239,10 +239,11 @@ def _undo_add(module: Any, req: Request) -> None:
 _loaded: dict[str, Any] = {}  # plugin -> its module or object, once imported
 
 
-def load(plugin: str) -> Any:
+def load(plugin: str, vetted: bool = False) -> Any:
     """The module or object implementing `plugin` (cni.registry: built-in, installed or entry
     point); a class is instantiated once. CNI error 999 if nothing does, 50 if its module is
-    not there or the daemon found it failing to import (cni.registry.REFUSED)."""
+    not there or it was refused (cni.registry.REFUSED: the daemon's finding at start, or
+    cni.plugload's check before an entry-point plugin is imported here, unless `vetted`)."""
     if plugin in _loaded:
         return _loaded[plugin]
     if plugin not in registry.PLUGINS and plugin in registry.REFUSED:  # the daemon's finding
@@ -250,7 +251,15 @@ def load(plugin: str) -> Any:
                        f"plugin {plugin} is not served: {registry.REFUSED[plugin]}")
     target = registry.target(plugin)
     if target is None:
-        raise CNIError(Code.INTERNAL, f'unknown plugin "{plugin}"')
+        refused = registry.refusal(plugin)
+        raise CNIError(Code.INTERNAL, refused[1] if refused and registry.FIXED
+                       else f'unknown plugin "{plugin}"')
+    if plugin not in registry.PLUGINS and not vetted:
+        from cni import plugload
+        try:
+            plugload.vet_one(plugin, target)
+        except plugload.Refused as e:
+            raise CNIError(Code.NOT_AVAILABLE, f"plugin {plugin} is not served: {e}") from None
     import importlib
     name, _, attr = target.partition(":")
     try:

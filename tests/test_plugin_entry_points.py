@@ -10,15 +10,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 from cnitest import ROOT, VENV_PY
+from plugin_dists import MODULE_PLUGIN, fake_dists_fixture  # noqa: F401 - the fixture
 
-from cni import doctor, registry, skel
+from cni import doctor, plugload, registry, skel
 from cni import install as inst
 from cni.cli import main
 from cni.fast import preload, shim
@@ -42,16 +39,6 @@ class Greeter:
     def delete(self, req: Request):
         return None
 '''
-MODULE_PLUGIN = '''
-def add(req):
-    return {"cniVersion": req.version, "ips": [{"address": "198.51.100.9/24"}]}
-
-def check(req):
-    return None
-
-def delete(req):
-    return None
-'''
 BROKEN_PLUGIN = "raise RuntimeError('cannot start')\n"
 ENV = {"CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "eth0",
        "CNI_PATH": "/nonexistent"}
@@ -59,41 +46,6 @@ ENV = {"CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "
 
 def conf(version: str, plugin: str) -> bytes:
     return json.dumps({"cniVersion": version, "name": "net", "type": plugin}).encode()
-
-
-@pytest.fixture
-def fake_dists(tmp_path: Path, monkeypatch) -> Iterator[callable]:
-    """make(dist, {name: value}, {module: source}): a distribution with pycni.plugins entry
-    points on sys.path; the registry's and skel's findings are forgotten afterwards."""
-    site = tmp_path / "site"
-    site.mkdir()
-    monkeypatch.syspath_prepend(str(site))
-    made: list[str] = []
-
-    def make(dist: str, entries: dict[str, str], modules: dict[str, str]) -> Path:
-        info = site / f"{dist}-1.0.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
-        (info / "entry_points.txt").write_text(
-            "[pycni.plugins]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()))
-        for name, source in modules.items():
-            (site / f"{name}.py").write_text(source)
-            made.append(name)
-        registry.discover(refresh=True)
-        return site
-
-    saved = dict(registry.SUPPORTED_FROM)
-    yield make
-    registry._found = None
-    registry.REFUSED.clear()
-    registry.INSTALLED.clear()
-    registry.SUPPORTED_FROM.clear()
-    registry.SUPPORTED_FROM.update(saved)
-    for name in list(skel._loaded):
-        if name not in registry.PLUGINS:
-            del skel._loaded[name]
-    for name in made:
-        sys.modules.pop(name, None)
 
 
 def test_discover_finds_entry_points_and_refuses_what_cannot_be_served(fake_dists) -> None:
@@ -143,6 +95,7 @@ def test_installed_table_is_used_without_reading_metadata(fake_dists, monkeypatc
         raise AssertionError("entry points read")
 
     monkeypatch.setattr("importlib.metadata.entry_points", no_metadata)
+    monkeypatch.setattr("importlib.metadata.distributions", no_metadata)
     registry.INSTALLED["tiny"] = ("tiny_mod", "0.4.0")
     reply = skel.run("tiny", {**ENV, "CNI_COMMAND": "ADD"}, conf("1.0.0", "tiny"))
     assert reply.code == 0, reply
@@ -175,13 +128,19 @@ def cli(*args: str) -> tuple[int, str]:
 def test_install_links_entry_points_and_bakes_their_versions(fake_dists, tmp_path,
                                                              monkeypatch) -> None:
     monkeypatch.setenv("PYCNI_SOCKET", str(tmp_path / "no-daemon.sock"))
-    fake_dists("mixed", {"greeter": "greeter_mod:Greeter", "broken": "broken_mod"},
-               {"greeter_mod": CLASS_PLUGIN, "broken_mod": BROKEN_PLUGIN})
+    monkeypatch.setattr(plugload, "PROBE_TIMEOUT", 5.0)
+    site = fake_dists("mixed", {"greeter": "greeter_mod:Greeter", "broken": "broken_mod",
+                                "hang": "hang_mod"},
+                      {"greeter_mod": CLASS_PLUGIN, "broken_mod": BROKEN_PLUGIN,
+                       "hang_mod": "import time\ntime.sleep(3600)\n"})
+    real_sites = inst.site_dirs
+    monkeypatch.setattr(inst, "site_dirs", lambda python: [*real_sites(python), str(site)])
     bin_dir, conf_dir = tmp_path / "bin", tmp_path / "net.d"
     code, out = cli("install", "--bin-dir", str(bin_dir), "--conf-dir", str(conf_dir),
                     "--no-systemd", "--no-compile")
     assert code == 0, out
     assert "skipped plugin broken" in out and not (bin_dir / "broken").exists()
+    assert "skipped plugin hang" in out and "did not finish within 5s" in out  # install returns
     assert os.readlink(bin_dir / "greeter") == inst.MULTICALL
     manifest = inst.Manifest.load(bin_dir)
     assert manifest.plugins == {"greeter": "greeter_mod:Greeter"}
@@ -206,7 +165,7 @@ def test_install_links_entry_points_and_bakes_their_versions(fake_dists, tmp_pat
     # the package is gone: the next install drops its name; uninstall leaves nothing
     registry._found = {}
     registry.REFUSED.clear()
-    monkeypatch.setattr(entrypoints, "plugin_table", lambda: ({}, {}))
+    monkeypatch.setattr(entrypoints, "plugin_table", lambda *_a: ({}, {}))
     code, out = cli("install", "--bin-dir", str(bin_dir), "--conf-dir", str(conf_dir),
                     "--no-systemd", "--no-compile")
     assert code == 0, out
@@ -245,15 +204,28 @@ def test_attachments_name_the_entry_point_plugins_of_a_chain(fake_dists) -> None
     assert att.owns() == ["plugin:greeter"] and att.to_json()["plugins"] == ["greeter"]
 
 
-def test_a_plugin_installed_after_discovery_is_found_on_its_first_request(fake_dists) -> None:
-    """The daemon discovered at start; a package pip-installed since is found by the request
-    for it (one metadata read), not refused as unknown until a restart."""
+def test_a_plugin_installed_after_discovery_is_found_in_process_not_by_the_daemon(
+        fake_dists) -> None:
+    """In-process, a package pip-installed since the last discovery is found by the request for
+    it (one metadata read). The daemon's table is fixed at its start (registry.fix): it reads
+    no metadata at request time, and refuses the name (restart it) before its child becomes
+    the caller (registry.refusal, asked by child.run_request first)."""
     fake_dists("early", {"tiny": "tiny_mod"}, {"tiny_mod": MODULE_PLUGIN})
     assert "greeter" not in registry.discover()
     site = fake_dists("late", {"greeter": "greeter_mod:Greeter"}, {"greeter_mod": CLASS_PLUGIN})
-    registry._found = {"tiny": "tiny_mod"}  # as the daemon's start left it
+    registry._found = {"tiny": "tiny_mod"}  # as a discovery before it left it
     assert (site / "greeter_mod.py").is_file()
     reply = skel.run("greeter", {**ENV, "CNI_COMMAND": "ADD"}, conf("1.0.0", "greeter"))
     assert reply.code == 0, reply
     reply = skel.run("nosuch", {**ENV, "CNI_COMMAND": "ADD"}, conf("1.0.0", "nosuch"))
     assert json.loads(reply.stdout)["msg"] == 'unknown plugin "nosuch"'
+    # the daemon: what it found at start, and nothing else
+    registry._found = {"tiny": "tiny_mod"}
+    del skel._loaded["greeter"]
+    registry.fix()
+    assert registry.refusal("tiny") is None and registry.refusal("bridge") is None
+    code, msg = registry.refusal("greeter")
+    assert code == 999 and "restart" in msg
+    reply = skel.run("greeter", {**ENV, "CNI_COMMAND": "ADD"}, conf("1.0.0", "greeter"))
+    assert "restart" in json.loads(reply.stdout)["msg"], reply
+    assert registry.refusal("../x")[0] == 7 and registry.refusal("a b")[0] == 7

@@ -31,6 +31,7 @@ from _signal import getsignal as _getsignal
 from collections.abc import Callable
 from typing import NamedTuple
 
+from cni import registry
 from cni.fast import attachlock
 from cni.fast import protocol as proto
 from cni.fast.fds import close_all, fds_from
@@ -222,6 +223,11 @@ def run_request(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes
         code = EXIT_FAILED
         by_role = dict(zip([r for r in proto.ROLES if roles & r], fds, strict=True))
         env = proto.decode_env(env_block)
+        refused = registry.refusal(plugin)  # the table fixed at start: before becoming the caller
+        if refused is not None:
+            set_name(DONE)
+            conn.sendall(proto.encode_reply(1, proto.error_reply(*refused, stdin), b""))
+            return EXIT_ANSWERED
         attachlock.vouch(env, lambda: peer_pid(conn))  # (a nested call) in the daemon's /proc
         try:
             enter_caller(by_role, env, umask, home)

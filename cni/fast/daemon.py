@@ -1,7 +1,8 @@
 """`pycni daemon`: a forkserver that has the heavy modules imported once.
 
-The parent imports pydantic, nftables and every plugin module and builds every config model's
-validator (preload.py),
+The parent imports pydantic, nftables and every plugin module (another package's once
+cni.plugload has passed its files and its import in a child with a deadline; the table is then
+fixed) and builds every config model's validator (preload.py),
 then only accepts connections and reads requests (server.py: non-blocking, each with a deadline,
 so idle or slow clients block nobody). A complete request gets a forked child (child.py): it
 ACKs, enters the caller's mount and network namespaces and working directory, takes the caller's

@@ -52,23 +52,32 @@ def preimport(extra: tuple[str, ...] = ()) -> list[str]:
 
 
 def load_entry_points() -> list[str]:
-    """Import every entry-point plugin (cni.registry.discover) as skel would for a request, so
-    that children start with it; one that fails is reported by name (the log, and the status
-    query's "refused", cni.registry.REFUSED) and its requests fail, the others are served."""
-    from cni import registry, skel
+    """Import every entry-point plugin (cni.registry.discover, the venv's site dirs) as skel
+    would for a request, so that children start with it, once cni.plugload has passed its files
+    and its import in a child with a deadline; one refused or failing is reported by name (the
+    log, and the status query's "refused", cni.registry.REFUSED) and its requests fail, the
+    others are served. The table is then fixed (registry.fix): nothing is read at request time."""
+    from cni import plugload, registry, skel
 
-    failed = []
+    failed: list[str] = []
     try:
         found = registry.discover(refresh=True)
+        sites = registry.site_dirs()
     except Exception as e:  # unreadable metadata: the built-ins are still served
         log.warning("reading the %s entry points failed: %s: %s", registry.GROUP,
                     type(e).__name__, e)
+        registry._found = {}
+        registry.fix()
         return []
+    ok, refused = plugload.vet(found, sites)
+    registry.REFUSED.update(refused)
     for name, why in registry.REFUSED.items():
         log.warning("plugin %s not served: %s", name, why)
-    for name, target in found.items():
+    failed += [name for name in refused]
+    for name in ok:
+        target = found[name]
         try:
-            skel.load(name)
+            skel.load(name, vetted=True)
         except BaseException as e:  # SystemExit too: a plugin's import must not end the daemon
             if isinstance(e, KeyboardInterrupt):
                 raise
@@ -78,6 +87,7 @@ def load_entry_points() -> list[str]:
             log.warning("plugin %s not served: %s", name, why)
         else:
             log.info("plugin %s served from %s", name, target)
+    registry.fix()
     return failed
 
 

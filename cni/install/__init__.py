@@ -149,7 +149,7 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
     check_trust(bin_dir, conf_dir, units_dir, sites)
     # Installed from a wheel, the executables run a copy pip never changes (copies.py).
     lib = copies.path_for(bin_dir, PACKAGE, __version__) if in_site(ROOT, sites) else None
-    table, skipped = entrypoints.plugin_table()  # imported from the sites just checked
+    table, skipped = entrypoints.plugin_table(sites, str(python))  # from the sites just checked
     items = plan(bin_dir, conf_dir, conflist, cni_version, python, units_dir,
                  root=lib or ROOT, sites=sites, plugins=table, pod_cidrs=pod_cidrs,
                  cluster_cidrs=cluster_cidrs, containerd_template=containerd_template)

@@ -3,8 +3,11 @@
 The IPAM plugin gets the caller's stdin and environment with CNI_COMMAND set to the verb. When the
 plugin found in CNI_PATH is our own multi-call executable, skel.run runs it in-process (no exec,
 no second interpreter start-up); anything else is exec'd by the runtime's own exec code
-(cni.runtime.invoke, as libcni). Both paths then read the same bytes the same way: the plugin's
-stdout, its error JSON, its result converted from the version it printed.
+(cni.runtime.invoke, as libcni). Another package's plugin (an entry point) runs in a forked child
+with a deadline (cni.plugload.run_forked): its hang is error 11, its crash 999, and the main
+plugin's namespaces, cwd and environment are untouched by it. Both paths then read the same
+bytes the same way: the plugin's stdout, its error JSON, its result converted from the version
+it printed.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cni import skel
+from cni import plugload, registry, skel
 from cni.runtime import invoke
 from cni.skel import Request
 from cni.spec.errors import CNIError, Code
@@ -130,9 +133,15 @@ def _invoke(req: Request, ipam_type: str, command: str, removed: bool = False) -
     env = {**req.env, "CNI_COMMAND": command}
     if is_ours(executable):
         if command == req.command == "CHECK":  # its own verb: skel has read and checked this
-            reply = skel.run_nested(req, ipam_type)  # input for the main plugin already
+            def call() -> skel.Reply:
+                return skel.run_nested(req, ipam_type)  # input for the main plugin already
         else:
-            reply = skel.run(ipam_type, env, req.stdin, req.netns_fd)
+            def call() -> skel.Reply:
+                return skel.run(ipam_type, env, req.stdin, req.netns_fd)
+        if ipam_type in registry.PLUGINS:
+            reply = call()
+        else:  # another package's: its faults and what it leaves changed stay in a child
+            reply = plugload.run_forked(call, f"IPAM plugin {ipam_type}")
         _log(req, reply.stderr.decode("utf-8", "replace"))
         if reply.code != 0:
             raise invoke.plugin_error(reply.code, reply.stdout, reply.stderr)
