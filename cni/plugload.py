@@ -75,13 +75,15 @@ class Refused(Exception):
 def check_files(name: str, target: str, sites: list[str]) -> str:
     """Refused unless the module `target` names (found in `sites` only) and the dist-info of the
     distribution declaring `name` are root's alone; -> the module's path."""
-    from importlib.machinery import PathFinder
+    import pkgutil
 
     from cni.install import trust
     from cni.install.errors import InstallError
 
     top = target.partition(":")[0].split(".")[0]
-    spec = PathFinder.find_spec(top, sites)
+    # Where `top` is in the site dirs alone (the first of them that has it), found, not imported.
+    found = next((m for m in pkgutil.iter_modules(sites) if m.name == top), None)
+    spec = found.module_finder.find_spec(top) if found else None
     if spec is None or spec.origin is None and not spec.submodule_search_locations:
         raise Refused(f"module {top} is not in the site dirs {', '.join(sites)}")
     try:
@@ -221,61 +223,3 @@ def vet_one(plugin: str, target: str) -> None:
     if plugin in refused:
         registry.REFUSED[plugin] = refused[plugin]
         raise Refused(refused[plugin])
-
-
-NESTED_TIMEOUT = 60.0  # an entry-point IPAM's call inside its main plugin (under --timeout's 120)
-
-
-def run_forked(call, what: str, timeout: float | None = None):
-    """skel.Reply of call() run in a forked child of this process, with a deadline: a nested
-    entry-point IPAM's hang, crash, exit, or the namespace, cwd or environment it leaves changed,
-    stay in that child. CNI error 11 when it overruns, 999 when it dies without an answer."""
-    from cni import skel
-    from cni.spec.errors import CNIError, Code
-
-    timeout = NESTED_TIMEOUT if timeout is None else timeout
-    r, w = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.close(r)
-            reply = call()
-            data = json.dumps([reply.code, reply.removed, reply.stdout.decode("latin-1"),
-                               reply.stderr.decode("latin-1")]).encode()
-            view = memoryview(data)
-            while view:
-                view = view[os.write(w, view):]
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    chunks, deadline, overran = [], time.monotonic() + timeout, False
-    try:
-        import select
-
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([r], [], [], left)[0]:
-                overran = True
-                break
-            chunk = os.read(r, 1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(r)
-        if overran:
-            os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
-    if overran:
-        raise CNIError(Code.TRY_AGAIN_LATER, f"{what} did not answer within {timeout:g}s")
-    if os.WIFSIGNALED(status):
-        sig = signal.Signals(os.WTERMSIG(status)).name
-        raise CNIError(Code.INTERNAL, f"{what} crashed ({sig})")
-    try:
-        code, removed, out, err = json.loads(b"".join(chunks))
-    except ValueError:
-        raise CNIError(Code.INTERNAL, f"{what} ended without an answer (exit code "
-                       f"{os.waitstatus_to_exitcode(status)})") from None
-    return skel.Reply(out.encode("latin-1"), err.encode("latin-1"), code, removed)

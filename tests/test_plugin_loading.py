@@ -25,6 +25,7 @@ from test_daemon import Daemon, wait_for
 from cni import doctor, plugload, registry, skel
 from cni.fast import preload
 from cni.install import entrypoints
+from cni.ipam import delegate
 
 UNSHARE = "import ctypes\nassert ctypes.CDLL(None, use_errno=True).unshare(0x40000000) == 0\n"
 THREAD = "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,)).start()\n"
@@ -167,7 +168,7 @@ def test_a_nested_entry_point_ipam_runs_contained(fake_dists, ipam_bin, monkeypa
     """A main plugin (here an entry point itself) delegating to another package's IPAM: the
     IPAM's hang ends at the nested deadline with error 11, its crash and exit are errors naming
     them, and the namespace, cwd, environment and thread it leaves stay in its child."""
-    monkeypatch.setattr(plugload, "NESTED_TIMEOUT", 5.0)
+    monkeypatch.setattr(delegate, "NESTED_TIMEOUT", 5.0)
     fake_dists("rt", {**REQUEST_FAULTS, "tiny": "tiny_mod", "main": "main_mod"},
                {"rt_mod": AT_REQUEST, "tiny_mod": GOOD, "main_mod": MAIN})
     for name in [*REQUEST_FAULTS, "tiny", "main"]:

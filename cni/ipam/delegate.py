@@ -4,7 +4,7 @@ The IPAM plugin gets the caller's stdin and environment with CNI_COMMAND set to 
 plugin found in CNI_PATH is our own multi-call executable, skel.run runs it in-process (no exec,
 no second interpreter start-up); anything else is exec'd by the runtime's own exec code
 (cni.runtime.invoke, as libcni). Another package's plugin (an entry point) runs in a forked child
-with a deadline (cni.plugload.run_forked): its hang is error 11, its crash 999, and the main
+with a deadline (run_forked, below): its hang is error 11, its crash 999, and the main
 plugin's namespaces, cwd and environment are untouched by it. Both paths then read the same
 bytes the same way: the plugin's stdout, its error JSON, its result converted from the version
 it printed.
@@ -16,10 +16,14 @@ import functools
 import io
 import json
 import os
+import select
+import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cni import plugload, registry, skel
+from cni import registry, skel
 from cni.runtime import invoke
 from cni.skel import Request
 from cni.spec.errors import CNIError, Code
@@ -141,7 +145,7 @@ def _invoke(req: Request, ipam_type: str, command: str, removed: bool = False) -
         if ipam_type in registry.PLUGINS:
             reply = call()
         else:  # another package's: its faults and what it leaves changed stay in a child
-            reply = plugload.run_forked(call, f"IPAM plugin {ipam_type}")
+            reply = run_forked(call, f"IPAM plugin {ipam_type}")
         _log(req, reply.stderr.decode("utf-8", "replace"))
         if reply.code != 0:
             raise invoke.plugin_error(reply.code, reply.stdout, reply.stderr)
@@ -160,3 +164,57 @@ def _invoke(req: Request, ipam_type: str, command: str, removed: bool = False) -
 def _log(req: Request, text: str) -> None:
     for line in text.splitlines():
         req.log(line)
+
+
+NESTED_TIMEOUT = 60.0  # an entry-point IPAM's call inside its main plugin (under --timeout's 120)
+
+
+def run_forked(call: Callable[[], skel.Reply], what: str,
+               timeout: float | None = None) -> skel.Reply:
+    """skel.Reply of call() run in a forked child of this process, with a deadline: a nested
+    entry-point IPAM's hang, crash, exit, or the namespace, cwd or environment it leaves changed,
+    stay in that child. CNI error 11 when it overruns, 999 when it dies without an answer."""
+    timeout = NESTED_TIMEOUT if timeout is None else timeout
+    r, w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.close(r)
+            reply = call()
+            data = json.dumps([reply.code, reply.removed, reply.stdout.decode("latin-1"),
+                               reply.stderr.decode("latin-1")]).encode()
+            view = memoryview(data)
+            while view:
+                view = view[os.write(w, view):]
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    chunks, deadline, overran = [], time.monotonic() + timeout, False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                overran = True
+                break
+            chunk = os.read(r, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+        if overran:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    if overran:
+        raise CNIError(Code.TRY_AGAIN_LATER, f"{what} did not answer within {timeout:g}s")
+    if os.WIFSIGNALED(status):
+        sig = signal.Signals(os.WTERMSIG(status)).name
+        raise CNIError(Code.INTERNAL, f"{what} crashed ({sig})")
+    try:
+        code, removed, out, err = json.loads(b"".join(chunks))
+    except ValueError:
+        raise CNIError(Code.INTERNAL, f"{what} ended without an answer (exit code "
+                       f"{os.waitstatus_to_exitcode(status)})") from None
+    return skel.Reply(out.encode("latin-1"), err.encode("latin-1"), code, removed)
