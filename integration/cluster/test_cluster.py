@@ -13,11 +13,13 @@ One cluster serves the whole module; the node-life tests come last and change it
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import wheels
@@ -25,6 +27,8 @@ from clients import need, terminate, wait_for
 from cnitest import Netns
 from topology import (
     BODY,
+    CLUSTER4,
+    CLUSTER6,
     HOST_PORT,
     OUTSIDE4,
     OUTSIDE6,
@@ -34,6 +38,7 @@ from topology import (
     Pod,
     cluster,
     conntrack_sources,
+    http_get,
     in_pod,
     seen_by_server,
     send,
@@ -106,40 +111,45 @@ def nokey_conflist(m: Member, name: str, start: int) -> dict:
     return conf
 
 
+@contextlib.contextmanager
+def attached(c: Cluster, m: Member, conf: dict, tmp: Path, side: str = "pycni") -> Iterator[Pod]:
+    """A netns on node m attached by a runner (pycni's from the wheel, or the reference
+    cnitool with the reference v1.9.1 plugins) to the network `conf`; detached at exit."""
+    if side == "pycni":
+        cnitool, bin_dir = [str(c.venv.pycni)], m.bin_dir
+    else:
+        if not (REFERENCE_BIN / "bridge").exists():
+            pytest.fail(f"no reference plugins in {REFERENCE_BIN}")
+        cnitool, bin_dir = [str(REFERENCE_BIN / "cnitool")], REFERENCE_BIN
+    name = conf["name"]
+    confdir = tmp / f"net.d-{name}"
+    confdir.mkdir()
+    (confdir / f"{name}.conflist").write_text(json.dumps(conf))
+    env = {"CNI_PATH": str(bin_dir), "NETCONFPATH": str(confdir),
+           **(m.cri.daemon.env if side == "pycni" else {})}
+    m.node.run("ip", "netns", "add", name)
+    path = f"/run/netns/{name}"
+    try:
+        result = json.loads(m.node.run(*cnitool, "add", name, path, env=env).stdout)
+        yield Pod(name, name, [ip["address"].split("/")[0] for ip in result["ips"]], path)
+    finally:
+        m.node.run(*cnitool, "del", name, path, env=env, check=False)
+        m.node.run("ip", "netns", "del", name, check=False)
+
+
 @pytest.mark.parametrize("side", ["pycni", "reference"])
 def test_without_the_key_a_pod_is_masqueraded(c, side, tmp_path) -> None:
     """The same check, from a netns attached to node 1's cni0 by a conflist without
     nonMasqueradeCIDRs: pod B's server sees node 1's address, not the pod's. The reference
     v1.9.1 bridge (no such key) with ipMasq does the same: the check above can fail."""
     a, b = c.members[0], c.members[1]
-    if side == "pycni":
-        cnitool, bin_dir = [str(c.venv.pycni)], a.bin_dir
-    else:
-        if not (REFERENCE_BIN / "bridge").exists():
-            pytest.fail(f"no reference plugins in {REFERENCE_BIN}")
-        cnitool, bin_dir = [str(REFERENCE_BIN / "cnitool")], REFERENCE_BIN
-    name = f"nokey-{side}"
-    conf = nokey_conflist(a, name, 200 if side == "pycni" else 220)
-    if side == "reference":
-        conf["cniVersion"] = "1.0.0"
-    confdir = tmp_path / "net.d"
-    confdir.mkdir()
-    (confdir / f"{name}.conflist").write_text(json.dumps(conf))
-    env = {"CNI_PATH": str(bin_dir), "NETCONFPATH": str(confdir),
-           **(a.cri.daemon.env if side == "pycni" else {})}
-    ns = f"nokey{a.i}"
-    a.node.run("ip", "netns", "add", ns)
-    path = f"/run/netns/{ns}"
-    try:
-        result = json.loads(a.node.run(*cnitool, "add", name, path, env=env).stdout)
-        ip = result["ips"][0]["address"].split("/")[0]
+    conf = nokey_conflist(a, f"nokey-{side}", 200 if side == "pycni" else 220)
+    conf["cniVersion"] = "1.0.0"
+    with attached(c, a, conf, tmp_path, side) as pod:
         dst, port = web(b).ip4, 9300 + (0 if side == "pycni" else 1)
         seen = seen_by_server(b, web(b), dst, port, client=lambda: send(
-            a.node, ("ip", "netns", "exec", ns), dst, port))
-        assert seen == a.addr4, (ip, seen)
-    finally:
-        a.node.run(*cnitool, "del", name, path, env=env, check=False)
-        a.node.run("ip", "netns", "del", ns, check=False)
+            a.node, in_pod(pod), dst, port))
+        assert seen == a.addr4, (pod.ips, seen)
 
 
 # ---- node agents, hostPorts, outside ------------------------------------------------------------
@@ -227,10 +237,45 @@ def test_bandwidth_annotations_hold_between_nodes(c) -> None:
 
 
 def test_firewall_with_forward_drop(c, tmp_path) -> None:
-    """Each node's FORWARD policy DROP (its own nft table): cross-node pod traffic still flows
-    because the chain's firewall plugin accepts the pods' traffic; a second network on the
-    same node stays isolated from the first."""
-    pytest.skip("not done")
+    """Node 1's FORWARD policy DROP (iptables-nft, as Docker sets it). A pod whose chain ends
+    in firewall (ingressPolicy same-bridge) still reaches a pod on node 2 by its own IP; the web
+    pod, without firewall in its chain, no longer does (the drop is real); a second network on
+    its own bridge with firewall too cannot reach the first (isolation), while node 1 itself
+    can."""
+    a, b = c.members[0], c.members[1]
+    fw = {"type": "firewall", "ingressPolicy": "same-bridge"}
+    one = nokey_conflist(a, "fw-a", 150)
+    one["plugins"][0]["nonMasqueradeCIDRs"] = [CLUSTER4, CLUSTER6]
+    one["plugins"].append(fw)
+    two = copy.deepcopy(one)
+    two["name"] = "fw-b"
+    two["plugins"][0]["bridge"] = "cni-iso"
+    two["plugins"][0]["ipam"]["ranges"] = [[{"subnet": "10.99.1.0/24"}]]
+    for conf in (one, two):
+        conf["cniVersion"] = "1.0.0"
+    a.node.run("iptables", "-P", "FORWARD", "DROP")  # before the pods, as on a Docker host
+    try:
+        with attached(c, a, one, tmp_path) as pod_a, attached(c, a, two, tmp_path) as pod_b:
+            dst, port = web(b).ip4, 9500
+            seen = seen_by_server(b, web(b), dst, port, client=lambda: send(
+                a.node, in_pod(pod_a), dst, port))
+            assert seen == pod_a.ip4
+            assert http_get(a.node, in_pod(web(a)), web(b).ip4, WEB_PORT) == ""
+            # isolation: fw-b's pod to fw-a's listener is dropped; node 1 itself gets through
+            listener = a.pod_popen(pod_a, "timeout", "60", "ncat", "-l", "-k", "9501",
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                wait_for("ncat in fw-a", lambda: ":9501 " in a.in_pod(
+                    pod_a, "ss", "-Hltn").stdout, timeout=20)
+                send(a.node, (), pod_a.ip4, 9501)
+                blocked = a.node.run(*in_pod(pod_b), "ncat", "--send-only", "-w", "3",
+                                     pod_a.ip4, "9501", input="x\n", check=False)
+                assert blocked.returncode != 0, blocked
+            finally:
+                terminate(listener, grace=2)
+    finally:
+        a.node.run("iptables", "-P", "FORWARD", "ACCEPT")
+    assert http_get(a.node, in_pod(web(a)), web(b).ip4, WEB_PORT) == BODY
 
 
 # ---- node life (last: they change the cluster) --------------------------------------------------
@@ -253,6 +298,34 @@ def test_bird_stopped_withdraws_and_started_restores(c) -> None:
     for m in (a, other):
         assert wait_body(m.node, in_pod(web(m)), web(b).ip4, WEB_PORT) == BODY
         assert wait_body(m.node, in_pod(web(m)), web(b).ip6, WEB_PORT) == BODY
+
+
+def cni_check(c: Cluster, m: Member, pod: Pod) -> subprocess.CompletedProcess:
+    """CNI CHECK of the pod's attachment as its runtime made it (libcni's cached result in the
+    node's /var/lib/cni), by the wheel's runner with the node's bin and conf dirs."""
+    env = {"CNI_PATH": str(m.bin_dir), "NETCONFPATH": str(m.conf_dir),
+           "CNI_CONTAINERID": pod.id, **m.cri.daemon.env}
+    return m.node.run(str(c.venv.pycni), "check", m.conflist()["name"], pod.netns, env=env,
+                      check=False)
+
+
+@pytest.mark.parametrize("which", [1, 3], ids=["containerd", "cri-o"])
+def test_runtime_restarted_under_running_pods(c, which) -> None:
+    """The node's runtime restarted (CRI-O runs CHECK on the pods it restores): its pods keep
+    their IPs, answer from the other nodes, and CHECK passes."""
+    m = c.members[which - 1]
+    before = [(p.id, p.ips) for p in m.pods]
+    m.cri.ctrd.restart()
+    m.cri.cri.wait_ready()
+    assert [(p.id, p.ips) for p in m.pods] == before
+    for p in m.pods:
+        assert m.cri.cri.pod_ip(p.id) == (p.ips[0], p.ips[1:])
+        checked = cni_check(c, m, p)
+        assert checked.returncode == 0, checked.stderr
+    for o in c.other(m):
+        for p in m.pods:
+            assert wait_body(o.node, in_pod(web(o)), p.ip4, WEB_PORT) == BODY, (o.i, p.ips)
+            assert wait_body(o.node, in_pod(web(o)), p.ip6, WEB_PORT) == BODY, (o.i, p.ips)
 
 
 def test_no_leftovers_after_every_pod_removed(c) -> None:

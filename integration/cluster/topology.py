@@ -136,7 +136,7 @@ class TemplatedContainerd(CRIContainerd):
     """containerd's CRI with conf_template set: the conflist comes from UpdateRuntimeConfig."""
 
     def __init__(self, *args: Any, conf_template: Path, **kw: Any) -> None:
-        self.conf_template = conf_template
+        self.conf_template, self.env = conf_template, kw.get("env")
         super().__init__(*args, **kw)
 
     def config_toml(self) -> str:
@@ -144,6 +144,15 @@ class TemplatedContainerd(CRIContainerd):
         toml = super().config_toml()
         assert line in toml
         return toml.replace(line, f'{line}    conf_template = "{self.conf_template}"\n')
+
+    def restart(self) -> None:
+        """SIGTERM and start again on the same config and state, as `systemctl restart
+        containerd`: the shims, and so the pods, live on."""
+        terminate(self.proc, grace=30)
+        with open(self.log, "ab") as log:
+            self.proc = self.node.popen("containerd", "--config", str(self.work / "config.toml"),
+                                        stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        wait_for("containerd's socket", self._up, timeout=60, interval=0.2)
 
 
 @dataclass
