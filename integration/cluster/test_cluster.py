@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,12 +25,11 @@ from pathlib import Path
 
 import pytest
 import wheels
-from clients import need, terminate, wait_for
+from clients import kill_processes_mentioning, need, terminate, wait_for
 from cnitest import Netns
 from topology import (
     BODY,
     CLUSTER4,
-    CLUSTER6,
     HOST_PORT,
     OUTSIDE4,
     OUTSIDE6,
@@ -102,8 +103,8 @@ def nokey_conflist(m: Member, name: str, start: int) -> dict:
     network of its own on the same bridge and pod CIDR (addresses from .START up)."""
     conf = copy.deepcopy(m.conflist())
     conf["name"] = name
-    bridge = conf["plugins"][0]
-    assert bridge["type"] == "bridge" and bridge["ipMasq"] is True, bridge
+    [bridge] = [p for p in conf["plugins"] if p["type"] == "bridge"]
+    assert bridge["ipMasq"] is True, bridge
     assert bridge.pop("nonMasqueradeCIDRs"), bridge  # what the no-NAT checks rely on
     v4 = m.pod_cidrs[0]
     bridge["ipam"]["ranges"] = [[{"subnet": v4, "rangeStart": v4.replace(".0/24", f".{start}")}]]
@@ -245,7 +246,7 @@ def test_firewall_with_forward_drop(c, tmp_path) -> None:
     a, b = c.members[0], c.members[1]
     fw = {"type": "firewall", "ingressPolicy": "same-bridge"}
     one = nokey_conflist(a, "fw-a", 150)
-    one["plugins"][0]["nonMasqueradeCIDRs"] = [CLUSTER4, CLUSTER6]
+    one["plugins"][0]["nonMasqueradeCIDRs"] = [CLUSTER4]  # v4 only: the pod has no v6
     one["plugins"].append(fw)
     two = copy.deepcopy(one)
     two["name"] = "fw-b"
@@ -283,6 +284,9 @@ def test_firewall_with_forward_drop(c, tmp_path) -> None:
 
 def test_bird_stopped_withdraws_and_started_restores(c) -> None:
     a, b, other = c.members
+    for m in c.members:  # `birdc show protocols`: the full mesh, v4 and v6 sessions
+        assert sorted(m.bird.established()) == sorted(
+            f"node{o.i}_{f}" for o in c.other(m) for f in (4, 6)), m.i
     before = [p.ips for p in b.pods]
     b.bird.stop()
     # the others withdraw b's pod CIDRs (SIGTERM: BIRD closes its sessions; hold time 6 s)
@@ -326,6 +330,68 @@ def test_runtime_restarted_under_running_pods(c, which) -> None:
         for p in m.pods:
             assert wait_body(o.node, in_pod(web(o)), p.ip4, WEB_PORT) == BODY, (o.i, p.ips)
             assert wait_body(o.node, in_pod(web(o)), p.ip6, WEB_PORT) == BODY, (o.i, p.ips)
+
+
+def kill_netns_processes(m: Member, pod: Pod) -> None:
+    """SIGKILL every process in the pod's network namespace (found by the namespace's inode,
+    its pin seen through the node's mount namespace)."""
+    inode = os.stat(f"/proc/{m.node.proc.pid}/root{pod.netns}").st_ino
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(entry / "ns" / "net").st_ino == inode:
+                    os.kill(int(entry.name), signal.SIGKILL)
+
+
+def test_node_rebooted_stale_attachments_collected(c) -> None:
+    """Node 2 "rebooted" with its runtime's state kept: containerd stopped, every pod process
+    killed and the pod namespaces' pins gone (their veths with them), cni0 and the ruleset
+    gone (what a reboot clears), containerd started again. The stale attachments (host-local
+    reservations, libcni's cache) are collected by CNI GC (`pycni gc`, no valid attachment
+    left); then the old sandboxes removed as kubelet would, a new pod works across nodes and
+    nothing names an old pod's address."""
+    m = c.members[1]
+    old = list(m.pods)
+    store = m.cri.state / "networks" / "pycni"
+    assert sorted(p.name for p in store.iterdir() if ":" in p.name or p.name[0].isdigit()) == \
+        sorted(ip for p in old for ip in p.ips)
+    ctrd = m.cri.ctrd
+    terminate(ctrd.proc, grace=30)
+    kill_processes_mentioning(str(ctrd.sock))  # the shims
+    for pod in old:
+        kill_netns_processes(m, pod)
+        m.node.run("umount", pod.netns)
+        Path(f"/proc/{m.node.proc.pid}/root{pod.netns}").unlink()
+    wait_for("the pods' veths to go", lambda: not [
+        x for x in m.netns.ip("-d", "link", "show")
+        if x.get("linkinfo", {}).get("info_kind") == "veth" and x["ifname"] != "eth0"],
+        timeout=60)
+    m.netns.run("ip", "link", "del", "cni0")
+    m.node.run("nft", "flush", "ruleset")
+    ctrd.restart()
+    m.cri.cri.wait_ready()
+    # stale: the old pods' cache entries are still on disk (and their reservations, above)
+    assert {f"pycni-{p.id}-eth0" for p in old} <= {
+        p.name for p in (m.cri.state / "results").iterdir()}
+    env = {"CNI_PATH": str(m.bin_dir), "NETCONFPATH": str(m.conf_dir), **m.cri.daemon.env}
+    m.node.run(str(c.venv.pycni), "gc", "pycni", "--valid-attachments", "[]", env=env)
+    assert [p.name for p in store.iterdir() if ":" in p.name or p.name[0].isdigit()] == []
+    # (containerd's own loopback network keeps its entries: not pycni's network, nor its GC)
+    assert [p.name for p in (m.cri.state / "results").iterdir()
+            if p.name.startswith("pycni-")] == []
+    for pod in old:  # kubelet removes the sandboxes that did not survive
+        with contextlib.suppress(Exception):
+            m.cri.cri.stop_remove(pod.id)
+        m.pods.remove(pod)
+    new = m.run_pod("web2b", host_port=HOST_PORT)
+    for o in c.other(m):
+        assert wait_body(o.node, in_pod(web(o)), new.ip4, WEB_PORT) == BODY, o.i
+        assert wait_body(o.node, in_pod(web(o)), new.ip6, WEB_PORT) == BODY, o.i
+    gone = {ip for p in old for ip in p.ips} - set(new.ips)
+    ruleset = m.node.run("nft", "list", "ruleset").stdout
+    assert [ip for ip in gone if ip in ruleset] == []
+    routes = [r.get("dst") for fam in ("-4", "-6") for r in m.routes(fam)]
+    assert [ip for ip in gone if ip in routes] == []
 
 
 def test_no_leftovers_after_every_pod_removed(c) -> None:

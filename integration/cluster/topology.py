@@ -286,11 +286,12 @@ class Cluster:
         return [o for o in self.members if o is not m]
 
     def wait_routes(self, timeout: float = 90) -> None:
-        """Every node has a BGP route to every other node's pod CIDRs, via that node."""
+        """Every node has BIRD's route (`ip route show proto bird`) to every other node's pod
+        CIDRs, via that node."""
         def complete() -> bool:
             for m in self.members:
                 have = {(r["dst"], r.get("gateway")) for fam in ("-4", "-6")
-                        for r in m.routes(fam)}
+                        for r in m.routes(fam) if r.get("protocol") == "bird"}
                 want = {(c, o.addr4 if "." in c else o.addr6) for o in self.other(m)
                         for c in o.pod_cidrs}
                 if not want <= have:
