@@ -30,6 +30,7 @@ from cnitest import Netns
 from topology import (
     BODY,
     CLUSTER4,
+    CLUSTER6,
     HOST_PORT,
     OUTSIDE4,
     OUTSIDE6,
@@ -96,6 +97,13 @@ def test_pods_reach_pods_on_every_other_node_by_their_own_ip(c, family, proto) -
                                   a.node, in_pod(client), dst, port, udp=udp))
         assert seen == pod_ip(client, family), (a.i, b.i, seen)
         assert conntrack_sources(b, dst, port, udp) == {pod_ip(client, family)}, (a.i, b.i)
+    # what docs/CLUSTER.md tells to look at: each pod's masquerade spares the cluster CIDR
+    cluster_cidr = CLUSTER4 if family == "v4" else CLUSTER6
+    for m in c.members:
+        table = m.node.run("nft", "list", "table", "inet", "cni_plugins_masquerade").stdout
+        rule = next(line for line in table.splitlines() if f"saddr {pod_ip(web(m), family)} "
+                    in line)
+        assert f"daddr != {cluster_cidr} masquerade" in rule, rule
 
 
 def nokey_conflist(m: Member, name: str, start: int) -> dict:
