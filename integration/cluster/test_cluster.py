@@ -16,8 +16,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -25,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import wheels
-from clients import kill_processes_mentioning, need, terminate, wait_for
+from clients import need, terminate, wait_for
 from cnitest import Netns
 from topology import (
     BODY,
@@ -344,50 +342,29 @@ def test_runtime_restarted_under_running_pods(c, which) -> None:
             assert wait_body(o.node, in_pod(web(o)), p.ip6, WEB_PORT) == BODY, (o.i, p.ips)
 
 
-def kill_netns_processes(m: Member, pod: Pod) -> None:
-    """SIGKILL every process in the pod's network namespace (found by the namespace's inode,
-    its pin seen through the node's mount namespace)."""
-    inode = os.stat(f"/proc/{m.node.proc.pid}/root{pod.netns}").st_ino
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if os.stat(entry / "ns" / "net").st_ino == inode:
-                    os.kill(int(entry.name), signal.SIGKILL)
-
-
 def test_node_rebooted_stale_attachments_collected(c) -> None:
-    """Node 2 "rebooted" with its runtime's state kept: containerd stopped, every pod process
-    killed and the pod namespaces' pins gone (their veths with them), cni0 and the ruleset
-    gone (what a reboot clears), containerd started again. The stale attachments (host-local
-    reservations, libcni's cache) are collected by CNI GC (`pycni gc`, no valid attachment
-    left); then the old sandboxes removed as kubelet would, a new pod works across nodes and
-    nothing names an old pod's address."""
+    """Node 2 rebooted with its disk kept (topology.Cluster.reboot: its namespaces torn down
+    and made again, runtime, daemon and BIRD started on the same dirs). The stale attachments
+    (host-local reservations, libcni's cache) are collected by CNI GC (`pycni gc`, no valid
+    attachment left); the old sandboxes removed as kubelet would; a new pod works across nodes
+    and nothing on the node names an old pod's address."""
     m = c.members[1]
     old = list(m.pods)
     store = m.cri.state / "networks" / "pycni"
-    assert sorted(p.name for p in store.iterdir() if ":" in p.name or p.name[0].isdigit()) == \
-        sorted(ip for p in old for ip in p.ips)
-    ctrd = m.cri.ctrd
-    terminate(ctrd.proc, grace=30)
-    kill_processes_mentioning(str(ctrd.sock))  # the shims
-    for pod in old:
-        kill_netns_processes(m, pod)
-        m.node.run("umount", pod.netns)
-        Path(f"/proc/{m.node.proc.pid}/root{pod.netns}").unlink()
-    wait_for("the pods' veths to go", lambda: not [
-        x for x in m.netns.ip("-d", "link", "show")
-        if x.get("linkinfo", {}).get("info_kind") == "veth" and x["ifname"] != "eth0"],
-        timeout=60)
-    m.netns.run("ip", "link", "del", "cni0")
-    m.node.run("nft", "flush", "ruleset")
-    ctrd.restart()
-    m.cri.cri.wait_ready()
-    # stale: the old pods' cache entries are still on disk (and their reservations, above)
+
+    def reserved() -> list[str]:
+        return sorted(p.name for p in store.iterdir() if ":" in p.name or p.name[0].isdigit())
+
+    assert reserved() == sorted(ip for p in old for ip in p.ips)
+    c.reboot(m)
+    c.wait_routes()
+    # stale: the old pods' reservations and cache entries are still on disk
+    assert reserved() == sorted(ip for p in old for ip in p.ips)
     assert {f"pycni-{p.id}-eth0" for p in old} <= {
         p.name for p in (m.cri.state / "results").iterdir()}
     env = {"CNI_PATH": str(m.bin_dir), "NETCONFPATH": str(m.conf_dir), **m.cri.daemon.env}
     m.node.run(str(c.venv.pycni), "gc", "pycni", "--valid-attachments", "[]", env=env)
-    assert [p.name for p in store.iterdir() if ":" in p.name or p.name[0].isdigit()] == []
+    assert reserved() == []
     # (containerd's own loopback network keeps its entries: not pycni's network, nor its GC)
     assert [p.name for p in (m.cri.state / "results").iterdir()
             if p.name.startswith("pycni-")] == []
@@ -399,6 +376,7 @@ def test_node_rebooted_stale_attachments_collected(c) -> None:
     for o in c.other(m):
         assert wait_body(o.node, in_pod(web(o)), new.ip4, WEB_PORT) == BODY, o.i
         assert wait_body(o.node, in_pod(web(o)), new.ip6, WEB_PORT) == BODY, o.i
+        assert wait_body(o.node, in_pod(web(o)), m.addr4, HOST_PORT) == BODY, o.i
     gone = {ip for p in old for ip in p.ips} - set(new.ips)
     ruleset = m.node.run("nft", "list", "ruleset").stdout
     assert [ip for ip in gone if ip in ruleset] == []
