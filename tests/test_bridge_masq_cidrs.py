@@ -118,7 +118,25 @@ def test_bad_values_are_error_7_and_leave_nothing(plugins, host, pod, tmp_path, 
     assert reservations(tmp_path) == [] and masq_rules(host) == []
     if value == ["10.244.0.1/16"]:
         assert "did you mean 10.244.0.0/16" in out["msg"]
+    if "fd00:10:244::/56" not in value:  # CHECK reads the config first, as ADD
+        prev = {"cniVersion": "1.0.0", "interfaces": [], "ips": []}
+        code, out, _ = plugins.exec("bridge", "CHECK", c | {"prevResult": prev},
+                                    netns=pod.path, path=ipam_path())
+        assert code == 1 and out["code"] == 7 and named in out["msg"], out
     plugins.ok("bridge", "DEL", c, netns=pod.path, path=ipam_path())  # DEL tolerates it
+
+
+def test_an_ipv6_scope_id_never_reaches_nft(plugins, host, pod, tmp_path) -> None:
+    """ipaddress keeps an IPv6 scope ID verbatim in a network's text; on a dual-stack network
+    (so the family check passes) it is refused as not a CIDR, before anything is made."""
+    value = "fd00::%x; flush ruleset/64"
+    host.run("nft", "add table inet canary")
+    c = conf(tmp_path, ranges=POD_RANGES, ipMasq=True, nonMasqueradeCIDRs=[value])
+    code, out, _ = plugins.exec("bridge", "ADD", c, netns=pod.path, path=ipam_path())
+    assert code == 1 and out["code"] == 7, out
+    assert f'nonMasqueradeCIDRs[0] "{value}": not a CIDR' in out["msg"], out
+    assert host.run("nft", "list", "tables").stdout.split() == ["table", "inet", "canary"]
+    assert host_veths(host) == [] and reservations(tmp_path) == []
 
 
 @pytest.mark.parametrize("garbage", [5, "10.244.0.0/16", ["10.244.0.1/16"], ["fd00::/8"]])

@@ -66,6 +66,7 @@ def test_dual_stack_node_conflist_recorded_and_uninstalled(dirs) -> None:
     (["--pod-cidr", "10.244.1.1/24"], "'10.244.1.1/24'"),  # host bits: did you mean
     (["--pod-cidr", "10.244.1.0"], "'10.244.1.0'"),
     (["--pod-cidr", "node"], "'node'"),
+    (["--pod-cidr", "fd00::%x/64"], "'fd00::%x/64': not a CIDR"),  # a scope ID
     (["--pod-cidr", "10.244.1.0/24", "--pod-cidr", "10.244.2.0/24"], "'10.244.2.0/24'"),
     (["--pod-cidr", "10.245.1.0/24", "--cluster-cidr", "10.244.0.0/16"],
      "'10.245.1.0/24': not inside --cluster-cidr '10.244.0.0/16'"),
@@ -77,8 +78,8 @@ def test_dual_stack_node_conflist_recorded_and_uninstalled(dirs) -> None:
     (["--pod-cidr", "10.244.1.0/24", "--conflist", "20-pycni-dualstack.conflist"],
      "not with --conflist '20-pycni-dualstack.conflist'"),
     (["--pod-cidr", "10.244.1.0/24", "--conflist", ""], "not with --conflist ''"),
-], ids=["host-bits", "no-prefix", "word", "two-v4", "outside", "cluster-alone", "cluster-v6",
-        "pod-v6-alone", "conflist", "no-conflist"])
+], ids=["host-bits", "no-prefix", "word", "scope-id", "two-v4", "outside", "cluster-alone",
+        "cluster-v6", "pod-v6-alone", "conflist", "no-conflist"])
 def test_bad_cidrs_are_usage_errors_and_write_nothing(dirs, more, named) -> None:
     bin_dir, conf_dir = dirs
     before = snapshot(bin_dir, conf_dir)

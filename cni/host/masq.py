@@ -119,7 +119,10 @@ def destinations(address: str, keep: Iterable[str] = ()) -> list[str]:
     iface = ipaddress.ip_interface(address)
     nets = [iface.network, *(n for n in map(ipaddress.ip_network, keep)
                              if n.version == iface.version)]
-    return [str(n) for n in ipaddress.collapse_addresses(nets)]
+    out = [str(n) for n in ipaddress.collapse_addresses(nets)]
+    if any("%" in n for n in out):  # a scope ID is kept verbatim: never into a rule
+        raise ValueError(f"not a plain network: {out}")
+    return out
 
 
 def setup(ips: list[str], network: str, ifname: str, container_id: str,

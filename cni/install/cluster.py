@@ -18,26 +18,19 @@ The rules, each refusal naming the value:
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Sequence
 
 from cni.install.errors import InstallError
-
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+from cni.spec import cidr
+from cni.spec.cidr import Network
 
 
 def _network(option: str, value: str) -> Network:
-    if "/" not in value:
-        raise InstallError(f"{option} {value!r}: not a CIDR (address/prefix length)")
     try:
-        return ipaddress.ip_network(value)
+        return cidr.network(value)
     except ValueError as e:
-        try:
-            hint = f" (did you mean {ipaddress.ip_network(value, strict=False)}?)"
-        except ValueError:
-            hint = ""
-        raise InstallError(f"{option} {value!r}: not a CIDR: {e}{hint}") from None
+        raise InstallError(f"{option} {value!r}: {e}") from None
 
 
 def _by_family(option: str, values: Sequence[str]) -> dict[int, Network]:

@@ -31,7 +31,7 @@ from cni.host.errors import HostError, NamespaceMissing
 from cni.ipam import delegate as ipam
 from cni.plugins.undo import Undo
 from cni.skel import Request, require_printable, valid_attachments
-from cni.spec import keys, names
+from cni.spec import cidr, keys, names
 from cni.spec import version as versions
 from cni.spec.config import (
     Field,
@@ -112,34 +112,21 @@ def load(req: Request, strict: bool = True) -> NetConf:
 
 
 def non_masquerade_cidr(index: int, value: str) -> str:
-    """One nonMasqueradeCIDRs entry, normalized: an IPv4 or IPv6 network with its prefix length
-    written out and no host bits set (as ipaddress's strict parse and netaddr's `cidr` judge it:
-    "10.244.0.1/16" is refused, most likely a typo of 10.244.0.0/16)."""
-    key = f"nonMasqueradeCIDRs[{index}]"
-    if "/" not in value:
-        raise invalid_config(key, value, "not a CIDR (address/prefix length)")
+    """One nonMasqueradeCIDRs entry, normalized (cni.spec.cidr: prefix length written out, no
+    host bits, no scope ID)."""
     try:
-        return str(ipaddress.ip_network(value))
+        return str(cidr.network(value))
     except ValueError as e:
-        loose = _loose_network(value)
-        hint = f" (did you mean {loose}?)" if loose else ""
-        raise invalid_config(key, value, f"not a CIDR: {e}{hint}") from None
-
-
-def _loose_network(value: str) -> str | None:
-    try:
-        return str(ipaddress.ip_network(value, strict=False))
-    except ValueError:
-        return None
+        raise invalid_config(f"nonMasqueradeCIDRs[{index}]", value, str(e)) from None
 
 
 def check_non_masquerade_families(cidrs: list[str], ips: list[dict]) -> None:
     """Each nonMasqueradeCIDRs entry must be of a family the network's addresses have."""
     have = {ipaddress.ip_interface(ip["address"]).version for ip in ips}
-    for i, cidr in enumerate(cidrs):
-        version = ipaddress.ip_network(cidr).version
+    for i, value in enumerate(cidrs):
+        version = ipaddress.ip_network(value).version
         if version not in have:
-            raise invalid_config(f"nonMasqueradeCIDRs[{i}]", cidr,
+            raise invalid_config(f"nonMasqueradeCIDRs[{i}]", value,
                                  f"an IPv{version} CIDR, and the network gives the pod no "
                                  f"IPv{version} address")
 
