@@ -49,7 +49,6 @@ TEMPLATE_CIDRS = ("10.244.0.0/16", "fd00:10:244::/56")  # the template's placeho
 CLUSTER4, CLUSTER6 = "10.100.0.0/16", "fd00:10:100::/56"
 ROUTER4, ROUTER6 = "192.168.100.254", "fd00:100::fe"
 OUTSIDE4, OUTSIDE6 = "198.51.100.2", "2001:db8:ff::2"
-NETWORK = "pycni"  # the template's and pycni install's network name
 CONTAINERD_CONFLIST = "10-containerd-net.conflist"  # where containerd renders conf_template
 WEB_PORT = 80  # busybox httpd in every pod
 HOST_PORT = 8080
