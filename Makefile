@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-py lint bench reliability install clean vm-test vm-clean \
+.PHONY: setup demo test cluster-test test-py lint bench reliability install clean vm-test vm-clean \
 	vagrant-box vagrant-test
 
 setup:
@@ -13,6 +13,11 @@ demo: setup
 
 test: setup
 	./scripts/test.sh $(PYTEST_ARGS)
+
+# Three nodes in namespaces (two on containerd, one on CRI-O, routes from BIRD): the Kubernetes
+# network model across nodes (integration/cluster/, docs/CLUSTER.md).
+cluster-test: setup
+	PYCNI_CLUSTER=1 ./scripts/test.sh integration/cluster $(PYTEST_ARGS)
 
 # The unit tests and the wheel test under another interpreter, in build/py<X.Y> (CI: 3.12, 3.13):
 # make test-py PYTHON=/root/.pyenv/versions/3.13.0/bin/python3.13

@@ -3,6 +3,7 @@ session. Clients that cannot run here are skipped with the reason; `make test` i
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,9 @@ from rootskips import (  # noqa: E402, F401 (hooks: see rootskips)
     pytest_make_collect_report,
     pytest_runtest_makereport,
 )
+
+# The cluster (integration/cluster/) runs in `make cluster-test` only, not in `make test`'s run.
+collect_ignore = [] if os.environ.get("PYCNI_CLUSTER") == "1" else ["cluster"]
 
 
 @pytest.fixture

@@ -10,11 +10,16 @@ APT_RUNTIME="python3 python3-venv iproute2 nftables libnftables1 conntrack kmod"
 # buildah for the offline image, iptables for the reference portmap in the differential test,
 # Go and Debian's libcni to build our cnitool (integration/cnitool).
 # conmon, libseccomp2 and libsqlite3-0 for CRI-O (../shared/reference/bin/crio) in test_crio.py.
+# bird2: BGP between the nodes of `make cluster-test` (the test starts its own, per node).
 APT_TEST="containernetworking-plugins iperf3 busybox-static procps psmisc iputils-ping ncat
   containerd runc podman buildah iptables curl util-linux golang-go golang-github-appc-cni-dev
-  prometheus conmon libseccomp2 libsqlite3-0"
+  prometheus conmon libseccomp2 libsqlite3-0 bird2"
 # shellcheck disable=SC2086
 scripts/apt-install.sh $APT_RUNTIME ${PYCNI_TEST_PACKAGES:-$APT_TEST} | sed 's/^/setup: /'
+# Installing bird2 starts a BIRD in the machine's own network namespace: the tests never use it.
+if command -v systemctl >/dev/null && systemctl is-enabled bird >/dev/null 2>&1; then
+  systemctl disable --now bird >/dev/null 2>&1 || true
+fi
 
 # The distro's interpreter by default, not whichever python3 comes first on PATH: every plugin
 # exec starts it, and Debian's (static, PGO+LTO) starts in ~7.7 ms where a default source build

@@ -104,6 +104,18 @@ class CRIClient:
                 raise TimeoutError(f"CRI does not see image {ref}")
             time.sleep(0.2)
 
+    def update_runtime_config(self, pod_cidr: str) -> None:
+        """UpdateRuntimeConfig, as kubelet sends the node's podCIDRs (comma-separated for
+        dual-stack) once the node has them: containerd renders its CNI conf_template with them."""
+        self.runtime.UpdateRuntimeConfig(pb.UpdateRuntimeConfigRequest(
+            runtime_config=pb.RuntimeConfig(network_config=pb.NetworkConfig(pod_cidr=pod_cidr))),
+            timeout=self.timeout)
+
+    def network_ready(self) -> bool:
+        """Status: the runtime's NetworkReady condition (false until it has a CNI config)."""
+        r = self.runtime.Status(pb.StatusRequest(), timeout=self.timeout)
+        return any(c.type == "NetworkReady" and c.status for c in r.status.conditions)
+
     # ---- pods ---------------------------------------------------------------------------------
 
     @staticmethod
