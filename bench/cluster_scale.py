@@ -29,7 +29,8 @@ join times. Bounded: --max-minutes (a step past it stops the run), every command
 It runs in its own mount and PID namespaces (`unshare --pid --kill-child`): everything it
 starts (BIRD, daemons, pings) dies with it, Ctrl-C or not, and the network namespaces, pinned
 only in its private /run/netns, go with the mount namespace. Traffic only between the namespaces
-it made. --write puts the section into bench/RESULTS.md (between its markers).
+it made. --write puts the section into bench/RESULTS.md and bench/BREAKDOWN.md (the record
+`make bench` carries into the RESULTS.md it writes), between its markers.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -56,16 +58,26 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests"), str(ROOT / 
                 str(ROOT / "integration" / "cluster")]
 
 from cnitest import Netns, delete_netns, new_netns  # noqa: E402
-from fullnode import CLONE_NEWNET, CNITOOL, REFERENCE_V19, _libc, node_state, write_section  # noqa: E402
+from fullnode import (  # noqa: E402
+    CLONE_NEWNET,
+    CNITOOL,
+    REFERENCE_V19,
+    RESULTS,
+    _libc,
+    node_state,
+    write_section,
+)
 from topology import CLUSTER4, Bird, Member, _node_network, _underlay, pod_cidrs, render_bird  # noqa: E402
 from world import Daemon, enter_private_mounts, our_bin  # noqa: E402
 
 NETWORK = "scale"
 BRIDGE = "cni0"
 BEGIN, END = "<!-- cluster-scale: begin -->", "<!-- cluster-scale: end -->"
+BREAKDOWN = ROOT / "bench" / "BREAKDOWN.md"
 VERBS = ("ADD", "CHECK", "DEL")
 CMD_TIMEOUT = 60  # any one command
 JOIN_TIMEOUT = 60  # a new node's pod reached by the others
+STOP = threading.Event()  # set when the run is failing or interrupted: the pollers give up
 
 
 class NetnsNode:
@@ -244,7 +256,7 @@ def ping_until_reply(src: Pod, dst: str, timeout: float) -> bool:
     timeout. One ping per try: a ping counts an ICMP error (the router's "net unreachable"
     before the route is there, seen when the source is masqueraded) as its one answer."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not STOP.is_set():
         if subprocess.run(["nsenter", f"--net={src.netns.path}", "--", "ping", "-n", "-q",
                            "-c1", "-W0.3", dst], capture_output=True,
                           timeout=CMD_TIMEOUT).returncode == 0:
@@ -267,8 +279,7 @@ def join(side: Side, node: ScaleNode) -> None:
     def reached(peer: ScaleNode) -> tuple[int, int, float | None]:
         ok = ping_until_reply(peer.pods[0], pod.ip, JOIN_TIMEOUT)
         return node.member.i, peer.member.i, (time.monotonic() - start) if ok else None
-    with ThreadPoolExecutor(max(1, len(earlier))) as pool:
-        side.joins += list(pool.map(reached, earlier))
+    side.joins += in_threads(reached, earlier, max(1, len(earlier)))
 
 
 def reachability(side: Side, pairs: list[tuple[int, int]]) -> None:
@@ -279,8 +290,20 @@ def reachability(side: Side, pairs: list[tuple[int, int]]) -> None:
         proc = subprocess.run(["nsenter", f"--net={a.netns.path}", "--", "ping", "-n", "-q",
                                "-c1", "-W2", b.ip], capture_output=True, timeout=CMD_TIMEOUT)
         return a_node == b_node, proc.returncode == 0
-    with ThreadPoolExecutor(4) as pool:
-        side.reach = list(pool.map(one, pairs))
+    side.reach = in_threads(one, pairs, 4)
+
+
+def in_threads(fn: Any, items: list, workers: int) -> list:
+    """fn over items in `workers` threads; on an interrupt the pollers are told to give up
+    before the pool is waited for."""
+    pool = ThreadPoolExecutor(workers)
+    try:
+        return list(pool.map(fn, items))
+    except BaseException:
+        STOP.set()
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def interleaved(sides: list[Side], k: int) -> list[Side]:
@@ -443,9 +466,10 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     lines = report(sides, args, load, (time.monotonic() - started) / 60)
     print("\n".join(lines))
-    if args.write:
-        write_section(lines, BEGIN, END)
-        print("\nwritten to bench/RESULTS.md")
+    if args.write:  # BREAKDOWN.md: the record `make bench` appends to the RESULTS.md it writes
+        for path in (RESULTS, BREAKDOWN):
+            write_section(lines, BEGIN, END, path)
+        print("\nwritten to bench/RESULTS.md and bench/BREAKDOWN.md")
     return 0
 
 
