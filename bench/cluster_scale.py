@@ -211,7 +211,8 @@ class Side:
     errors: list[str] = field(default_factory=list)
     pod_ns: list[Netns] = field(default_factory=list)
     joins: list[tuple[int, int, float | None]] = field(default_factory=list)  # new, peer, s
-    reach: list[tuple[bool, bool]] = field(default_factory=list)  # (same node, replied)
+    reach: list[tuple[bool, bool, bool | None]] = field(default_factory=list)  # (same node,
+    # replied, across nodes: the source pod's IP seen at the destination's node)
     leftovers: list[str] = field(default_factory=list)
 
     @property
@@ -283,13 +284,22 @@ def join(side: Side, node: ScaleNode) -> None:
 
 
 def reachability(side: Side, pairs: list[tuple[int, int]]) -> None:
-    pods = [(n.member.i, p) for n in side.nodes for p in n.pods]
+    """Each pair's source pod pings the destination pod by its IP; for a reply across nodes,
+    whether the destination node's conntrack saw the source pod's own IP (no NAT on the way:
+    nonMasqueradeCIDRs) or another (the source node's, masqueraded)."""
+    pods = [(n, p) for n in side.nodes for p in n.pods]
 
-    def one(pair: tuple[int, int]) -> tuple[bool, bool]:
+    def one(pair: tuple[int, int]) -> tuple[bool, bool, bool | None]:
         (a_node, a), (b_node, b) = pods[pair[0] % len(pods)], pods[pair[1] % len(pods)]
         proc = subprocess.run(["nsenter", f"--net={a.netns.path}", "--", "ping", "-n", "-q",
                                "-c1", "-W2", b.ip], capture_output=True, timeout=CMD_TIMEOUT)
-        return a_node == b_node, proc.returncode == 0
+        same, ok = a_node is b_node, proc.returncode == 0
+        if same or not ok:
+            return same, ok, None
+        out = NetnsNode(b_node.member.netns.path).run(
+            "conntrack", "-L", "-f", "ipv4", "-p", "icmp", "-d", b.ip, check=False).stdout
+        sources = {ln.split("src=")[1].split()[0] for ln in out.splitlines() if "src=" in ln}
+        return same, ok, a.ip in sources
     side.reach = in_threads(one, pairs, 4)
 
 
@@ -403,13 +413,16 @@ def report(sides: list[Side], args: argparse.Namespace, load: list[tuple[str, fl
                          + " | ".join(f"{m[0]:.1f} ({name})" for m, name in slow)
                          + f" | {ratio(slow[1][0][0], slow[0][0][0])} |")
     lines += ["", f"Reachability: {args.pairs} random pod pairs of the cluster (the same pairs "
-              "on both sides), `ping -c1 -W2` by pod IP:", "",
-              "| side | other node: replied / pairs | same node: replied / pairs |",
-              "| --- | --- | --- |"]
+              "on both sides), `ping -c1 -W2` by pod IP; across nodes, the source address the "
+              "destination node's conntrack saw for the echo (the pod's own: no NAT between "
+              "pods):", "",
+              "| side | other node: replied / pairs | pod's own source seen | "
+              "same node: replied / pairs |", "| --- | --- | --- | --- |"]
     for s in sides:
-        cells = [f"{sum(ok for same, ok in s.reach if same == want)} / "
-                 f"{sum(same == want for same, _ok in s.reach)}" for want in (False, True)]
-        lines.append(f"| {s.name} | {cells[0]} | {cells[1]} |")
+        cells = [f"{sum(ok for same, ok, _k in s.reach if same == want)} / "
+                 f"{sum(same == want for same, _ok, _k in s.reach)}" for want in (False, True)]
+        kept = [k for _s, _o, k in s.reach if k is not None]
+        lines.append(f"| {s.name} | {cells[0]} | {sum(kept)} / {len(kept)} | {cells[1]} |")
     lines += ["", "Join: node by node, its BIRD starts and its first pod is ADDed; every "
               "earlier node's first pod pings it (one echo per try, 0.3 s for its reply): "
               f"seconds from that ADD's start to the first reply (no reply in {JOIN_TIMEOUT} s: "
