@@ -20,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -33,6 +35,7 @@ from clients import (
     ROOT,
     CRIContainerd,
     Node,
+    kill_processes_mentioning,
     terminate,
     wait_for,
 )
@@ -136,7 +139,7 @@ class TemplatedContainerd(CRIContainerd):
     """containerd's CRI with conf_template set: the conflist comes from UpdateRuntimeConfig."""
 
     def __init__(self, *args: Any, conf_template: Path, **kw: Any) -> None:
-        self.conf_template = conf_template
+        self.conf_template, self.env = conf_template, kw.get("env")
         super().__init__(*args, **kw)
 
     def config_toml(self) -> str:
@@ -144,6 +147,15 @@ class TemplatedContainerd(CRIContainerd):
         toml = super().config_toml()
         assert line in toml
         return toml.replace(line, f'{line}    conf_template = "{self.conf_template}"\n')
+
+    def restart(self) -> None:
+        """SIGTERM and start again on the same config and state, as `systemctl restart
+        containerd`: the shims, and so the pods, live on."""
+        terminate(self.proc, grace=30)
+        with open(self.log, "ab") as log:
+            self.proc = self.node.popen("containerd", "--config", str(self.work / "config.toml"),
+                                        stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        wait_for("containerd's socket", self._up, timeout=60, interval=0.2)
 
 
 @dataclass
@@ -248,6 +260,17 @@ class Member:
         return self.netns.ip(family, "route", "show")
 
 
+def kill_netns_processes(m: Member, pod: Pod) -> None:
+    """SIGKILL every process in the pod's network namespace (found by the namespace's inode,
+    its pin seen through the node's mount namespace)."""
+    inode = os.stat(f"/proc/{m.node.proc.pid}/root{pod.netns}").st_ino
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(entry / "ns" / "net").st_ino == inode:
+                    os.kill(int(entry.name), signal.SIGKILL)
+
+
 def link(a: Netns, a_name: str, b: Netns, b_name: str) -> None:
     """A veth pair between two namespaces, both ends up."""
     a.run("ip", "link", "add", a_name, "type", "veth", "peer", "name", b_name, "netns", b.name)
@@ -272,16 +295,47 @@ class Cluster:
     router: Netns
     outside: Netns
     venv: Any  # wheels.Venv: pycni from the wheel
+    images: list[Path] = field(default_factory=list)
+    stack: contextlib.ExitStack | None = None  # what tears the cluster down
+
+    def start_node(self, m: Member) -> None:
+        """m's runtime (with its pycni daemon) and BIRD, their stops on the cluster's stack."""
+        assert self.stack is not None
+        m.cri = self.stack.enter_context(_runtime(m, self.venv, self.images))
+        m.bird = Bird(m.node, m.work / "bird", render_bird(m.i, [o.i for o in self.other(m)]))
+        self.stack.callback(m.bird.stop)
+
+    def reboot(self, m: Member) -> None:
+        """Node m rebooted, its disk kept: BIRD, the runtime (its shims, every pod process),
+        the pycni daemon and the node's namespaces gone; the network namespace made again,
+        and the node's own network, runtime, daemon and BIRD started on the same dirs (the
+        runtime's root and state, /var/lib/cni, the conflist)."""
+        assert m.cri is not None and m.bird is not None and m.cri.daemon is not None
+        m.bird.stop()
+        terminate(m.cri.ctrd.proc, grace=30)
+        kill_processes_mentioning(str(m.cri.ctrd.sock))  # the shims
+        for pod in m.pods:
+            kill_netns_processes(m, pod)
+        m.cri.daemon.stop()
+        m.node.stop()
+        subprocess.run(["ip", "netns", "del", m.netns.name], check=True)
+        wait_for(f"node {m.i}'s namespace to go", lambda: f"n{m.i}" not in {
+            x["ifname"] for x in self.underlay.ip("link", "show")}, timeout=60)
+        subprocess.run(["ip", "netns", "add", m.netns.name], check=True)
+        m.netns.run("ip", "link", "set", "lo", "up")
+        _node_network(self.underlay, m)
+        self.start_node(m)
 
     def other(self, m: Member) -> list[Member]:
         return [o for o in self.members if o is not m]
 
     def wait_routes(self, timeout: float = 90) -> None:
-        """Every node has a BGP route to every other node's pod CIDRs, via that node."""
+        """Every node has BIRD's route (`ip route show proto bird`) to every other node's pod
+        CIDRs, via that node."""
         def complete() -> bool:
             for m in self.members:
                 have = {(r["dst"], r.get("gateway")) for fam in ("-4", "-6")
-                        for r in m.routes(fam)}
+                        for r in m.routes(fam) if r.get("protocol") == "bird"}
                 want = {(c, o.addr4 if "." in c else o.addr6) for o in self.other(m)
                         for c in o.pod_cidrs}
                 if not want <= have:
@@ -388,12 +442,9 @@ def cluster(tmp: Path, venv: Any, images: list[Path],
             _node_network(underlay, m)
             _install(m, venv)
             members.append(m)
+        c = Cluster(members, underlay, router, outside, venv, images, stack)
         for m in members:
-            m.cri = stack.enter_context(_runtime(m, venv, images))
-            peers = [o.i for o in members if o is not m]
-            m.bird = Bird(m.node, m.work / "bird", render_bird(m.i, peers))
-            stack.callback(m.bird.stop)
-        c = Cluster(members, underlay, router, outside, venv)
+            c.start_node(m)
         c.wait_routes()
         yield c
 
