@@ -19,7 +19,8 @@ A pod is a network namespace.
 2. Fill: --pods pods per node, one at a time, round-robin over every node of both sides (lone
    nodes too): ADD, then CHECK, each timed (cnitool's wall time).
 3. Reachability: --pairs random (source, destination) pod pairs per side, the same indices on
-   both sides: `ping -c1 -W2` by pod IP.
+   both sides: `ping -c1 -W2` by pod IP; across nodes, whether the destination node's
+   conntrack saw the source pod's own IP (no NAT between pods) or its node's (masqueraded).
 4. DEL of every pod, timed, round-robin; then each node's leftovers (reservations, veths on
    cni0).
 
