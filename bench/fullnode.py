@@ -573,15 +573,17 @@ def targets(f: Figures, steps: list[int], names: list[str]) -> list[str]:
     return out
 
 
-def write_section(lines: list[str]) -> None:
-    """Put the section into bench/RESULTS.md, replacing an earlier one."""
-    text = RESULTS.read_text() if RESULTS.exists() else ""
+def write_section(lines: list[str], begin: str = BEGIN, end: str = END,
+                  path: Path = RESULTS) -> None:
+    """Put the section into bench/RESULTS.md (or path), replacing an earlier one (between its
+    markers), else at the end."""
+    text = path.read_text() if path.exists() else ""
     section = "\n".join(lines)
-    if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + section + text[text.index(end) + len(end):]
     else:
         text = text.rstrip() + "\n\n" + section + "\n"
-    RESULTS.write_text(text)
+    path.write_text(text)
 
 
 def main() -> int:
