@@ -35,8 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
 
 from driver import Side, plugin_config, run_plugin  # noqa: E402
-from run import REFERENCE_V19, Lab  # noqa: E402
-from world import Cgroup, Daemon, enter_private_mounts, our_bin  # noqa: E402
+from world import REFERENCE_V19, Cgroup, Daemon, Lab, enter_private_mounts, our_bin  # noqa: E402
 
 GAP = 0.001  # CRI-O's own time between two plugin execs (its debug log and exec events: 1-2 ms)
 BANDWIDTH_RUNTIME = {  # what CRI-O 1.33 passes for kubernetes.io/{in,e}gress-bandwidth: 100M

@@ -28,8 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
 
-from run import Lab  # noqa: E402
-from world import Cgroup, enter_private_mounts  # noqa: E402
+from world import Cgroup, Lab, enter_private_mounts  # noqa: E402
 
 PREV = {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "sandbox": "x"}],
         "ips": [{"address": "10.1.0.5/24", "interface": 0}]}

@@ -14,7 +14,6 @@ netns per pod, a tmp dataDir. Writes a table to stdout and bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import hashlib
 import json
 import os
@@ -47,13 +46,19 @@ from driver import (  # noqa: E402
     chain_del,
     run_plugin,
 )
-from world import ROOT, VENV_PY, Daemon, enter_private_mounts, our_bin  # noqa: E402
+from world import (  # noqa: E402
+    REFERENCE_V19,
+    ROOT,
+    VENV_PY,
+    Daemon,
+    Lab,
+    enter_private_mounts,
+    our_bin,
+)
 
 from cni import registry  # noqa: E402
 
 REFERENCE = Path("/usr/lib/cni")
-# The newest reference (v1.9.1, nftables backends), built beside every checkout (README there)
-REFERENCE_V19 = (ROOT / ".." / "shared" / "reference" / "bin").resolve()
 V19 = "reference v1.9.1"
 # Each plugin measured is run on every side: those the v1.9.1 build has (tuning is not built
 # there; Debian's 1.1.1 has it).
@@ -61,7 +66,6 @@ PLUGINS = tuple(n for n in registry.NAMES
                 if not REFERENCE_V19.is_dir() or (REFERENCE_V19 / n).exists())
 CHAIN = ("loopback", "bridge", "portmap", "bandwidth")
 RESULTS = ROOT / "bench" / "RESULTS.md"
-CLONE_NEWNET = 0x40000000
 
 
 # --- the throwaway world ----------------------------------------------------------------------
@@ -71,41 +75,6 @@ def ensure_iptables() -> None:
     if shutil.which("iptables") is None:
         subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "iptables"],
                        check=True)
-
-
-class Lab:
-    """A host netns this process lives in, and pod namespaces made on demand."""
-
-    def __init__(self) -> None:
-        self.host = f"bench-host-{secrets.token_hex(3)}"
-        subprocess.run(["ip", "netns", "add", self.host], check=True)
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        fd = os.open(f"/run/netns/{self.host}", os.O_RDONLY)
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), "setns into the bench host netns")
-        os.close(fd)
-        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-        self.track_a_flow()
-
-    @staticmethod
-    def track_a_flow() -> None:
-        """A node's conntrack table is never empty: with one entry here, portmap's UDP flush
-        (both sides) walks the kernel's conntrack hash, as on a node, instead of skipping an
-        empty namespace. A TCP entry, renewed for the whole run: the flush keeps it."""
-        subprocess.run(["conntrack", "-I", "-p", "tcp", "-s", "192.0.2.10", "-d", "192.0.2.1",
-                        "-r", "192.0.2.1", "-q", "192.0.2.10", "--sport", "40000", "--dport",
-                        "80", "--reply-port-src", "80", "--reply-port-dst", "40000", "-t",
-                        "86400", "--state", "ESTABLISHED"], check=True, capture_output=True)
-
-    def pod(self) -> str:
-        name = f"bench-pod-{secrets.token_hex(4)}"
-        subprocess.run(["ip", "netns", "add", name], check=True)
-        return f"/run/netns/{name}"
-
-    @staticmethod
-    def drop(path: str) -> None:
-        subprocess.run(["ip", "netns", "del", os.path.basename(path)], check=False,
-                       capture_output=True)
 
 
 # --- measuring --------------------------------------------------------------------------------

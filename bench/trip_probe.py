@@ -41,8 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
 
 from driver import LIBCNI_VERSION_STDIN, Side, plugin_config, run_plugin  # noqa: E402
-from run import Lab  # noqa: E402
-from world import VENV_PY, Daemon, enter_private_mounts, our_bin  # noqa: E402
+from world import VENV_PY, Daemon, Lab, enter_private_mounts, our_bin  # noqa: E402
 
 # x86_64 syscall numbers seen on the path (raw_syscalls gives numbers)
 SYSCALLS = {0: "read", 1: "write", 3: "close", 5: "fstat", 7: "poll", 8: "lseek", 9: "mmap",

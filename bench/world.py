@@ -4,6 +4,7 @@ run and its memory, a cgroup v2 whose CPU is every process ever in it."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import signal
@@ -14,6 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The newest reference (v1.9.1, nftables backends), built beside every checkout (README there)
+REFERENCE_V19 = (ROOT / ".." / "shared" / "reference" / "bin").resolve()
+CLONE_NEWNET = 0x40000000
 VENV_PY = ROOT / ".venv" / "bin" / "python"
 
 
@@ -193,3 +197,38 @@ class Daemon:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+class Lab:
+    """A host netns this process lives in, and pod namespaces made on demand."""
+
+    def __init__(self) -> None:
+        self.host = f"bench-host-{secrets.token_hex(3)}"
+        subprocess.run(["ip", "netns", "add", self.host], check=True)
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        fd = os.open(f"/run/netns/{self.host}", os.O_RDONLY)
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "setns into the bench host netns")
+        os.close(fd)
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+        self.track_a_flow()
+
+    @staticmethod
+    def track_a_flow() -> None:
+        """A node's conntrack table is never empty: with one entry here, portmap's UDP flush
+        (both sides) walks the kernel's conntrack hash, as on a node, instead of skipping an
+        empty namespace. A TCP entry, renewed for the whole run: the flush keeps it."""
+        subprocess.run(["conntrack", "-I", "-p", "tcp", "-s", "192.0.2.10", "-d", "192.0.2.1",
+                        "-r", "192.0.2.1", "-q", "192.0.2.10", "--sport", "40000", "--dport",
+                        "80", "--reply-port-src", "80", "--reply-port-dst", "40000", "-t",
+                        "86400", "--state", "ESTABLISHED"], check=True, capture_output=True)
+
+    def pod(self) -> str:
+        name = f"bench-pod-{secrets.token_hex(4)}"
+        subprocess.run(["ip", "netns", "add", name], check=True)
+        return f"/run/netns/{name}"
+
+    @staticmethod
+    def drop(path: str) -> None:
+        subprocess.run(["ip", "netns", "del", os.path.basename(path)], check=False,
+                       capture_output=True)
