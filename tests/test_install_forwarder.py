@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from forwarder_util import built
 from test_install import snapshot
 
+from cni import doctor, registry
 from cni import install as inst
-from cni import registry
 from cni.cli import main
 from cni.install import forwarder
 from cni.install.manifest import Manifest
@@ -70,6 +70,9 @@ def test_install_forwarder_links_every_name_to_it(bin_dir, binary) -> None:
     assert st.st_uid == 0 and st.st_mode & 0o022 == 0
     manifest = Manifest.load(bin_dir)
     assert manifest.forwarder
+    (found,) = [f for f in doctor.install_findings(bin_dir, bin_dir / "no-conf")
+                if f.what.startswith("install in")]
+    assert found.status == doctor.OK and "linked to pycni-forwarder" in found.detail, found
     assert {str(bin_dir / forwarder.FORWARDER), str(bin_dir / forwarder.TABLE)} <= {
         e.path for e in manifest.entries}
 
@@ -132,3 +135,17 @@ def test_the_binary_is_found_or_refused_clearly(bin_dir, binary, tmp_path, monke
     os.chmod(loose / "fw", 0o755)
     install(bin_dir, "--forwarder-binary", str(loose / "fw"))  # implies --forwarder
     assert linked_to(bin_dir) == {forwarder.FORWARDER}
+
+
+def test_an_interrupted_switch_is_completed_not_refused(bin_dir, binary) -> None:
+    """Install saves the manifest after each link: a switch stopped halfway leaves a mixed bin
+    dir the manifest records, which the next install finishes."""
+    install(bin_dir, "--forwarder")
+    manifest = Manifest.load(bin_dir)
+    manifest.find(bin_dir / "bridge").target = inst.MULTICALL
+    manifest.save()
+    (bin_dir / "bridge").unlink()
+    (bin_dir / "bridge").symlink_to(inst.MULTICALL)
+    install(bin_dir)
+    assert linked_to(bin_dir) == {inst.MULTICALL}
+    assert not (bin_dir / forwarder.FORWARDER).exists()
