@@ -61,7 +61,8 @@ class Kinds:
             assert (self.py / name).resolve() == self.py / inst.MULTICALL
 
     def run(self, host: Netns, plugin: str, command: str, stdin: bytes, env: dict,
-            netns: str = "", markers: bool = False) -> tuple[Outcome, Outcome]:
+            netns: str = "", markers: bool = False,
+            closed_stdin: bool = False) -> tuple[Outcome, Outcome]:
         """The same request through both, each from the same state of cni.deleted's markers
         (none; markers: as they are); (shim's, forwarder's) (code, stdout, stderr)."""
         full = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CNI_COMMAND": command,
@@ -72,9 +73,10 @@ class Kinds:
         for bin_dir in (self.py, self.fwd):
             if not markers:  # else the first one's DEL answers the second's
                 shutil.rmtree(deleted.MARKER_DIR, ignore_errors=True)
-            proc = subprocess.run(["ip", "netns", "exec", host.name, str(bin_dir / plugin)],
-                                  input=stdin, env=full, capture_output=True, timeout=600,
-                                  cwd="/")
+            close = ["sh", "-c", 'exec "$0" <&-'] if closed_stdin else []
+            proc = subprocess.run(["ip", "netns", "exec", host.name, *close,
+                                   str(bin_dir / plugin)], input=stdin, env=full,
+                                  capture_output=True, timeout=600, cwd="/")
             out.append((proc.returncode, proc.stdout, proc.stderr))
         return out[0], out[1]
 
@@ -156,6 +158,14 @@ def test_a_repeated_del_is_answered_by_the_marker(kinds, host, tmp_path) -> None
         shim, fwd = kinds.run(host, "bridge", "DEL", conf("bridge"), env, markers=True)
         assert fwd == shim
         assert shim[0] == (0 if marked else 1), shim
+
+
+def test_no_stdin_at_all(kinds, host, tmp_path) -> None:
+    """fd 0 closed: both read nothing, and the forwarder still hands the request on."""
+    for command in ("VERSION", "ADD", "DEL"):
+        shim, fwd = kinds.run(host, "loopback", command, b"", {"PYCNI_SOCKET": str(
+            tmp_path / "none.sock")}, closed_stdin=True)
+        assert fwd == shim, command
 
 
 @pytest.mark.parametrize("fallback", [True, False], ids=["fallback", "no-fallback"])
