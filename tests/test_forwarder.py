@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 from cnitest import Netns, Plugins
 from forwarder_util import built
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from test_daemon import (  # noqa: F401 (start_daemon: a fixture)
     NO_FALLBACK,
     normalize,
@@ -31,6 +33,7 @@ from test_daemon import (  # noqa: F401 (start_daemon: a fixture)
     start_daemon,
     wait_for,
 )
+from test_shim import json_values
 
 from cni import deleted, registry
 from cni import install as inst
@@ -158,6 +161,30 @@ def test_a_repeated_del_is_answered_by_the_marker(kinds, host, tmp_path) -> None
         shim, fwd = kinds.run(host, "bridge", "DEL", conf("bridge"), env, markers=True)
         assert fwd == shim
         assert shim[0] == (0 if marked else 1), shim
+
+
+stdins = (json_values.map(lambda v: json.dumps(v).encode())
+          | st.dictionaries(st.sampled_from(["cniVersion", "name"]), json_values | st.text(),
+                            max_size=2).map(lambda v: json.dumps(v, ensure_ascii=False).encode())
+          | st.binary(max_size=24))
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stdin=stdins, command=st.sampled_from(["VERSION", "ADD"]))
+@example(stdin=b'{"cniVersion": 0.0, "name": "n"}', command="ADD")  # falsy: the default
+@example(stdin=b'{"cniVersion": []}', command="ADD")
+@example(stdin=b'{"cniVersion": "\xc3\xa9\\ud83d"}', command="ADD")  # escapes
+@example(stdin=b'\xef\xbb\xbf{"cniVersion": "0.4.0"}', command="ADD")  # a BOM
+@example(stdin=b'{"cniVersion": "0.4.0", "x": "\xff"}', command="ADD")  # not UTF-8
+@example(stdin=b'{"cniVersion": "0.4.0"} {}', command="ADD")  # extra data
+@example(stdin=b'{"cniVersion": "\xed\xa0\xbd"}', command="ADD")  # a surrogate's bytes
+def test_any_stdin_gives_the_same_bytes(kinds, host, tmp_path, stdin, command) -> None:
+    """VERSION of any stdin (the forwarder's own answer or skel's), and the error the forwarder
+    writes itself (no daemon, no fallback: its JSON names the config's version) for any stdin."""
+    env = {"PYCNI_SOCKET": str(tmp_path / "none.sock")} | NO_FALLBACK
+    shim, fwd = kinds.run(host, "bandwidth", command, stdin, env)
+    assert fwd == shim
 
 
 def test_no_stdin_at_all(kinds, host, tmp_path) -> None:
