@@ -4,8 +4,9 @@ A third-party package declares its plugin as an entry point (group `pycni.plugin
 executable's name, value = module or module:object); `pycni install` links it, the daemon serves
 it. docs/PLUGINS.md is the guide; this module is the contract: the names in __all__ are public,
 kept across minor versions of API_VERSION (a name goes away, or changes meaning, only with a new
-major), and tests/test_public_api.py fails when one disappears. Everything else in `cni` is
-internal and may change in any release.
+major), and tests/test_public_api.py fails when one disappears or its signature, fields or
+value differ from what its API_VERSION recorded (tests/data/public_api.json). Everything else
+in `cni` is internal and may change in any release.
 
 Cheap to import: the contract (request, errors, results, versions, keys) comes at once; the
 config models (pydantic), IPAM delegation and the kernel helpers (pyroute2, libnftables) load on
@@ -20,7 +21,7 @@ from typing import Any
 
 from cni.host.errors import HostError, NamespaceError
 from cni.registry import GROUP as ENTRY_POINT_GROUP
-from cni.skel import Request, valid_attachments
+from cni.skel import Request, require_printable, valid_attachments
 from cni.spec.errors import CNIError, Code, invalid_config, unsupported
 from cni.spec.keys import CAPABILITIES
 from cni.spec.keys import get as get_key
@@ -31,7 +32,7 @@ from cni.spec.version import CURRENT as CURRENT_VERSION
 from cni.spec.version import SUPPORTED as SUPPORTED_VERSIONS
 from cni.spec.version import at_least
 
-API_VERSION = "1.0"  # major.minor: a minor adds names, a major may remove or change one
+API_VERSION = "1.1"  # major.minor: a minor adds names, a major may remove or change one
 
 # Loaded on first use: public name -> (module, attribute).
 _LAZY: dict[str, tuple[str, str]] = {
@@ -65,8 +66,6 @@ _LAZY: dict[str, tuple[str, str]] = {
     "configure_iface": ("cni.host.addrs", "configure_iface"),
     "add_route": ("cni.host.routes", "add"),
     "find_routes": ("cni.host.routes", "find"),
-    "sysctl_read": ("cni.host.sysctl", "read"),
-    "sysctl_write": ("cni.host.sysctl", "write"),
     # nftables (libnftables in-process)
     "NftError": ("cni.host.nft", "NftError"),
     "nft_run": ("cni.host.nft", "run"),
@@ -82,13 +81,47 @@ __all__ = [
     "Request", "valid_attachments",
     # errors: raise CNIError(Code.X, msg, details); skel prints it as the spec's error JSON
     "CNIError", "Code", "invalid_config", "unsupported", "HostError", "NamespaceError",
-    # results (the current version's shape) and their conversion between versions
-    "Result", "to_current", "from_current", "convert",
+    # results (the current version's shape), their conversion between versions, and the
+    # check that one prints in the config's version (before changing anything; since 1.1)
+    "Result", "to_current", "from_current", "convert", "require_printable",
     "SUPPORTED_VERSIONS", "CURRENT_VERSION", "at_least",
     # keys matched as Go's decoder matches them; CNI_ARGS pairs a plugin knows
     "match_keys", "get_key", "CAPABILITIES", "known_args",
+    # sysctls in the current network namespace (kernel helpers, below)
+    "sysctl_read", "sysctl_write",
     *_LAZY,
 ]
+
+
+class _NoSysctl(CNIError, FileNotFoundError):
+    """A key the namespace does not have: error 7 naming it, still a FileNotFoundError for a
+    plugin that catches that (as in API 1.0)."""
+
+
+def _no_sysctl(key: str, e: FileNotFoundError) -> _NoSysctl:
+    return _NoSysctl(Code.INVALID_CONFIG, f"sysctl {key!r}: no such key in this network "
+                     f"namespace ({e.filename}): a per-interface key names an interface that is "
+                     "not here, or the kernel has no such setting")
+
+
+def sysctl_read(key: str) -> str:
+    """The value, stripped (a multi-word one as the kernel prints it: tab-separated)."""
+    from cni.host import sysctl
+
+    try:
+        return sysctl.read(key)
+    except FileNotFoundError as e:
+        raise _no_sysctl(key, e) from None
+
+
+def sysctl_write(key: str, value: str | int) -> None:
+    """Write str(value); the kernel's refusal of the value is an OSError (EINVAL)."""
+    from cni.host import sysctl
+
+    try:
+        sysctl.write(key, value)
+    except FileNotFoundError as e:
+        raise _no_sysctl(key, e) from None
 
 
 def __getattr__(name: str) -> Any:

@@ -199,17 +199,41 @@ def dispatch(req: Request) -> tuple[str, int]:
     if req.command != "ADD":
         return "", result if req.command == "GC" and isinstance(result, int) else 0
     from cni.spec.result import from_current
-    passthrough = result is req.prev_result and req.prev_native  # printed as it came
-    return json.dumps(from_current(result, req.version, passthrough), indent=4), 0
+    try:
+        printed = from_current(result, req.version, passes_through(req, result))
+    except Exception:
+        _undo_add(module, req)  # a plugin that did not call require_printable before it acted
+        raise
+    return json.dumps(printed, indent=4), 0
+
+
+def passes_through(req: Request, result: Any) -> bool:
+    """Whether an ADD's result is the prevResult handed on unchanged (by value: an equal copy
+    too), which prints as it came."""
+    return req.prev_native and req.prev_result is not None and result == req.prev_result
 
 
 def require_printable(result: dict | None, version: str, passthrough: bool = False) -> None:
     """Refuse, before changing anything, a result that cannot be printed in the config's version
     (one a plugin built needs an IP address at 0.1.0/0.2.0; a prevResult handed on unchanged,
-    `passthrough`, prints as it came)."""
+    `passthrough`, prints as it came). Public (cni.api): a plugin calls it with the result it
+    will return before it changes anything, as the built-ins do."""
     if result is not None:
         from cni.spec.result import from_current
         from_current(result, version, passthrough)
+
+
+def _undo_add(module: Any, req: Request) -> None:
+    """An ADD whose result cannot be printed in the config's version has run: skel could not
+    know its result before, so the plugin's own DEL undoes it before the error is answered
+    (the runtime gets the error and nothing stays made). Its failure is logged, not raised."""
+    delete = getattr(module, "delete", None)
+    if delete is None:
+        return
+    try:
+        delete(req._replace(command="DEL"))
+    except Exception as e:
+        req.log(f"undoing the ADD (its result cannot be printed) failed: {e}")
 
 
 _loaded: dict[str, Any] = {}  # plugin -> its module or object, once imported

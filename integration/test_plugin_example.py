@@ -10,9 +10,9 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
-import shutil
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -33,15 +33,7 @@ GATEWAY = "10.89.0.1"
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> wheels.Venv:
-    dist = tmp_path_factory.mktemp("dist")
-    _, pycni_wheel = wheels.build(dist / "pycni")
-    src = dist / "example-src"  # a copy: setuptools leaves build/ and egg-info in the source
-    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info"))
-    example_wheel = wheels.build_wheel(dist / "example", src)
-    assert example_wheel.name.startswith("pycni_static_ipam-0.1.0-")
-    v = wheels.make_venv(tmp_path_factory.mktemp("plugin-venv") / "venv", pycni_wheel)
-    v.install(example_wheel)
-    return v
+    return wheels.example_venv(tmp_path_factory, EXAMPLE, "pycni_static_ipam-0.1.0-")
 
 
 def netns_and_cid(tag: str) -> tuple[str, str]:
@@ -50,8 +42,11 @@ def netns_and_cid(tag: str) -> tuple[str, str]:
     return netns, "cnitool-" + hashlib.sha512(netns.encode()).hexdigest()[:20]
 
 
-@pytest.fixture
-def node(node_netns, tmp_path, venv) -> Iterator[tuple]:
+@contextmanager
+def installed_node(node_netns, tmp_path: Path, venv: wheels.Venv,
+                   conflist: dict) -> Iterator[tuple]:
+    """`pycni install` of the venv into scratch dirs with this conflist, a node whose CNI dirs
+    they are; `pycni uninstall` after: nothing left."""
     need("nsenter", "unshare")
     assert CNITOOL.is_file(), f"{CNITOOL} missing (shared/reference/bin provides it)"
     from clients import Node
@@ -59,24 +54,31 @@ def node(node_netns, tmp_path, venv) -> Iterator[tuple]:
     bin_dir, conf_dir, state = tmp_path / "bin", tmp_path / "net.d", tmp_path / "var-lib-cni"
     for d in (bin_dir, conf_dir):
         d.mkdir()
-    reservations = tmp_path / "reservations.json"
-    reservations.write_text(json.dumps({"reservations": [
-        {"containerID": netns_and_cid(tag)[1], "address": f"10.89.7.{n}/16", "gateway": GATEWAY}
-        for n, tag in ((7, "d"), (8, "p"))]}))
-    reservations.chmod(0o644)
-    conflist = tmp_path / "30-static.conflist"
-    conflist.write_text(json.dumps({"cniVersion": "1.0.0", "name": NETWORK, "plugins": [
-        {"type": "bridge", "bridge": "cni-static0", "isGateway": True,
-         "ipam": {"type": "static-file", "file": str(reservations),
-                  "routes": [{"dst": "0.0.0.0/0"}]}}]}))
+    path = tmp_path / f"30-{conflist['name']}.conflist"
+    path.write_text(json.dumps(conflist))
     out = venv.run(venv.pycni, "install", "--bin-dir", bin_dir, "--conf-dir", conf_dir,
-                   "--conflist", conflist, "--no-systemd", cwd=tmp_path, env=user_env())
+                   "--conflist", path, "--no-systemd", cwd=tmp_path, env=user_env())
     assert "skipped" not in out, out
     n = Node(node_netns.name, bin_dir=bin_dir, conf_dir=conf_dir, state_dir=state)
     with cleanup(n.stop):
         yield n, bin_dir, tmp_path
     venv.run(venv.pycni, "uninstall", "--bin-dir", bin_dir, cwd=tmp_path, env=user_env())
     assert list(bin_dir.iterdir()) == [] and list(conf_dir.iterdir()) == []
+
+
+@pytest.fixture
+def node(node_netns, tmp_path, venv) -> Iterator[tuple]:
+    reservations = tmp_path / "reservations.json"
+    reservations.write_text(json.dumps({"reservations": [
+        {"containerID": netns_and_cid(tag)[1], "address": f"10.89.7.{n}/16", "gateway": GATEWAY}
+        for n, tag in ((7, "d"), (8, "p"))]}))
+    reservations.chmod(0o644)
+    with installed_node(node_netns, tmp_path, venv, {
+            "cniVersion": "1.0.0", "name": NETWORK, "plugins": [
+                {"type": "bridge", "bridge": "cni-static0", "isGateway": True,
+                 "ipam": {"type": "static-file", "file": str(reservations),
+                          "routes": [{"dst": "0.0.0.0/0"}]}}]}) as it:
+        yield it
 
 
 def test_install_links_the_example_and_answers_its_version(venv, tmp_path) -> None:

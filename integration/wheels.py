@@ -116,3 +116,19 @@ def make_venv(dest: Path, wheel: Path, python: Path | None = None) -> Venv:
     venv = Venv(dest)
     venv.install(wheel)
     return venv
+
+
+def example_venv(tmp_path_factory, example: Path, wheel_prefix: str) -> Venv:
+    """pycni's wheel and an example plugin's (examples/<name>, built from a copy: setuptools
+    leaves build/ and egg-info in the source) installed in a fresh venv."""
+    import shutil
+
+    dist = tmp_path_factory.mktemp("dist")
+    _, pycni_wheel = build(dist / "pycni")
+    src = dist / "example-src"
+    shutil.copytree(example, src, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    example_wheel = build_wheel(dist / "example", src)
+    assert example_wheel.name.startswith(wheel_prefix), example_wheel
+    venv = make_venv(tmp_path_factory.mktemp("plugin-venv") / "venv", pycni_wheel)
+    venv.install(example_wheel)
+    return venv

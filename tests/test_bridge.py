@@ -363,8 +363,9 @@ def tcp_source_seen(outside, client, address: str, port: int = 7777) -> str:
     finally:
         listener.kill()
         listener.wait()
-    line = next(x for x in err.splitlines() if "Connection from" in x)
-    return line.split("Connection from ")[1].split(":")[0].strip(".")
+    line = next(x for x in err.splitlines() if "Connection from" in x)  # the one without port
+    seen = line.split("Connection from ")[1].rstrip(".")
+    return seen if ":" in address else seen.split(":")[0]
 
 
 def test_ipmasq_pod_reaches_outside_as_the_host(plugins, host, pod, netns_factory,

@@ -360,9 +360,10 @@ def test_socket_is_private_and_refuses_non_root_peers(host, start_daemon) -> Non
         p.chmod(0o755)
     daemon.socket.chmod(0o666)
     answer = as_nobody(lambda: talk(daemon.socket, loopback_request()))
-    assert "serves root only" in refusal(answer)["msg"]
+    assert answer[:1] == proto.DENIED  # final (peercaps.py): the shim relays it, runs nothing
+    assert "runs as uid 65534, not root" in refusal(answer[1:])["msg"]
     answer = as_nobody(lambda: talk(daemon.socket, proto.STATUS_MAGIC))
-    assert "serves root only" in refusal(answer)["msg"]  # its status too
+    assert "runs as uid 65534, not root" in refusal(answer)["msg"]  # its status too
     assert daemon.served() == 0
     assert "refused a connection from" in daemon.log.read_text()
 

@@ -318,3 +318,19 @@ def test_uninstall_believes_only_a_manifest_root_owns(tmp_path):
     code, out = cli("uninstall", "--bin-dir", str(bin_dir))
     assert code == 1 and f"{bin_dir} is owned by root (uid 0) with mode 0777" in out, out
     assert victim.read_bytes() == b"root's own\n" and (bin_dir / "bridge").is_symlink()
+
+
+def test_containerd_template_goes_only_into_roots_dirs(tmp_path):
+    """--containerd-template PATH: a dir nobody owns (or can write) on the way is refused,
+    naming it, and nothing is written; containerd would render nobody's edits as root."""
+    theirs = nobody_dir(tmp_path, "theirs")
+    for path in (theirs / "pycni.tmpl", theirs / "containerd" / "pycni.tmpl"):
+        before = snapshot(tmp_path)
+        code, out = cli(*install_args(tmp_path, "--cluster-cidr", "10.244.0.0/16",
+                                      "--containerd-template", str(path)))
+        assert code == 1 and f"{theirs} is owned by nobody" in out, out
+        assert snapshot(tmp_path) == before
+    mine = tmp_path / "etc" / "containerd" / "pycni.tmpl"
+    code, out = cli(*install_args(tmp_path, "--cluster-cidr", "10.244.0.0/16",
+                                  "--containerd-template", str(mine)))
+    assert code == 0 and mine.stat().st_uid == 0 and stat.S_IMODE(mine.stat().st_mode) == 0o644

@@ -3,7 +3,9 @@ environment, namespaces and cwd) only to a root listener: one of another uid on 
 daemon (in-process, or error 11 naming why). A daemon's refusal (a reply without ACK) ran
 nothing: in-process too. And a local user (nobody) can neither bind the daemon's path, nor
 connect to its socket, nor, with the modes opened up, have a request run by it; the pods and
-the daemon's service to root stay as they were."""
+the daemon's service to root stay as they were. Nor can root without CAP_NET_ADMIN or
+CAP_SYS_ADMIN, or root of a user namespace (peercaps.py): they get the EPERM an exec'd plugin
+would, and the shim runs nothing in-process."""
 
 from __future__ import annotations
 
@@ -241,11 +243,11 @@ def test_nobody_can_neither_bind_nor_reach_nor_use_the_daemons_socket(
     assert tried["connect"] == "13" and tried["bind"] in ("13", "98"), tried
     daemon.socket.chmod(0o666)
     code, out = nobody_calls(plugins, pod, daemon.env)
-    assert code == 1 and out["code"] == proto.TRY_AGAIN_LATER, out
-    assert "it refused the request: pycni daemon: the pycni daemon serves root only (peer uid " \
-        f"{NOBODY_UID})" in out["msg"], out
-    code, out = nobody_calls(plugins, pod, daemon.fallback_env)  # in-process, as nobody
-    assert code != 0, out
+    assert code == 1 and out["code"] == proto.INTERNAL, out  # final: an exec'd plugin's EPERM
+    assert "pycni daemon: the caller (pid " in out["msg"] and f"runs as uid {NOBODY_UID}, " \
+        "not root" in out["msg"] and out["msg"].endswith("operation not permitted"), out
+    code, out = nobody_calls(plugins, pod, daemon.fallback_env)  # not in-process either
+    assert code == 1 and out["code"] == proto.INTERNAL, out
     assert not lo_up(pod) and daemon.served() == 0
     assert daemon.log.read_text().count("refused a connection from") == 2
     # root's requests go on as before
@@ -254,3 +256,105 @@ def test_nobody_can_neither_bind_nor_reach_nor_use_the_daemons_socket(
     out = plugins.ok("loopback", "ADD", LOOPBACK, netns=pod.path, ifname="lo", env=daemon.env)
     assert out["interfaces"][0]["name"] == "lo" and lo_up(pod)
     daemon.wait_served(1)
+
+
+# --- callers that could not run a plugin themselves (peercaps.py) ---------------------------
+
+CAPLESS = ["setpriv", "--inh-caps=-all", "--bounding-set=-all"]  # root, no capability at all
+USERNS_ROOT = ["unshare", "--user", "--map-root-user"]  # root of its own user namespace
+
+
+def without(*caps: str) -> list[str]:
+    """root, its exec'd program holding every capability but `caps`."""
+    return ["setpriv", "--inh-caps=-all", "--bounding-set=" + ",".join(f"-{c}" for c in caps)]
+
+
+def bridge_conf(tmp: Path) -> dict:
+    return {"cniVersion": "1.0.0", "name": "capnet", "type": "bridge", "bridge": "capbr0",
+            "isGateway": True, "ipam": {"type": "host-local", "dataDir": str(tmp / "ipam"),
+                                        "ranges": [[{"subnet": "10.78.0.0/24"}]]}}
+
+
+def bridge_as(wrapper: list[str], plugins: Plugins, pod: Netns, env: dict,
+              conf: dict, cid: str) -> tuple[int, dict, str]:
+    """The bridge executable (the shim) run under `wrapper`, ADD into the pod, to the daemon."""
+    full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": "ADD",
+            "CNI_CONTAINERID": cid, "CNI_NETNS": pod.path, "CNI_IFNAME": "eth0",
+            "CNI_PATH": str(BIN), **env}
+    ran = subprocess.run(["ip", "netns", "exec", plugins.host.name, *wrapper,
+                          str(BIN / "bridge")], input=json.dumps(conf).encode(),
+                         capture_output=True, env=full, cwd="/", timeout=300)
+    return ran.returncode, json.loads(ran.stdout), ran.stderr.decode()
+
+
+def test_the_daemon_serves_only_callers_that_could_run_the_plugin(
+        host, pod, plugins, start_daemon, public_dir, tmp_path) -> None:  # noqa: F811
+    """A caller that is root without CAP_NET_ADMIN or CAP_SYS_ADMIN, or root of its own user
+    namespace, or (the modes opened up) nobody, gets from the daemon what the reference bridge
+    exec'd by it answers: 999, "... operation not permitted", exit 1; with or without the
+    shim's fallback nothing runs (no bridge, no veth, no address, no IP allocated). Root with
+    its capabilities is served."""
+    daemon = start_daemon(host)
+    run_dir, home, base = daemon.socket.parents[0:3]
+    assert base.name.startswith("pycni-daemon-")  # (nobody reaches it: our own dirs only)
+    for p in (base, home, run_dir):
+        p.chmod(0o755)
+    daemon.socket.chmod(0o666)
+    conf = bridge_conf(tmp_path)
+    callers = {"capless": (CAPLESS, "lacks CAP_NET_ADMIN and CAP_SYS_ADMIN (effective)"),
+               "no-net-admin": (without("net_admin"), "lacks CAP_NET_ADMIN (effective)"),
+               "no-sys-admin": (without("sys_admin"), "lacks CAP_SYS_ADMIN (effective)"),
+               "userns": (USERNS_ROOT, "is in another user namespace than the daemon's"),
+               "nobody": (NOBODY, f"runs as uid {NOBODY_UID}, not root")}
+    for name, (wrapper, why) in callers.items():
+        for env in (daemon.env, daemon.fallback_env):  # the shim's fallback off, then on
+            code, out, err = bridge_as(wrapper, plugins, pod, env, conf, f"cap-{name}")
+            assert code == 1 and out["code"] == proto.INTERNAL, (name, out, err)
+            assert out["msg"].startswith("pycni daemon: the caller (pid ") and why in (
+                out["msg"]) and out["msg"].endswith(": operation not permitted"), (name, out)
+            assert out["cniVersion"] == "1.0.0"
+            assert "capbr0" not in host.links() and set(pod.links()) == {"lo"}, name
+            assert "10.78." not in json.dumps([host.ip("addr"), pod.ip("addr")]), name
+            assert not (tmp_path / "ipam").exists(), name
+    assert daemon.log.read_text().count("refused a connection from") == 2 * len(callers)
+    assert daemon.status()["answered"] == 0 and daemon.served() == 0
+    # root with its capabilities: served, the same request
+    out = plugins.ok("bridge", "ADD", conf, netns=pod.path, ifname="eth0", env=daemon.env)
+    assert out["ips"][0]["address"] == "10.78.0.2/24" and "capbr0" in host.links()
+    assert "10.78.0.2/24" in pod.addresses("eth0")
+    daemon.wait_served(1)
+
+
+def test_the_peer_check_reads_the_process_that_connected(tmp_path) -> None:
+    """peercaps on a real connection, both ways of naming its process (SO_PEERPIDFD, and
+    pidfd_open of SO_PEERCRED's pid on kernels without it): the peer of a socket this process
+    made is itself (root, every capability, the daemon's namespace); a peer that exited since
+    its connect is refused, never judged by another process, even one its pid names now."""
+    from cni.fast import peercaps
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(tmp_path / "s"))
+    server.listen(4)
+    for peerpidfd in (True, False):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as me:
+            me.connect(str(tmp_path / "s"))
+            conn, _ = server.accept()
+            with conn:
+                assert peercaps.refusal(conn, os.getpid(), 0, peerpidfd) == ""
+        gone = subprocess.Popen([PYTHON, "-I", "-c", "import socket, sys; s = socket.socket("
+                                 "socket.AF_UNIX); s.connect(sys.argv[1]); print(1, flush=True);"
+                                 " sys.stdin.read()", str(tmp_path / "s")],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert gone.stdout.readline() == b"1\n"
+        conn, _ = server.accept()
+        with conn:
+            assert peercaps.refusal(conn, gone.pid, 0, peerpidfd) == ""  # root, as we are
+            gone.stdin.close()
+            gone.wait()
+            why = peercaps.refusal(conn, gone.pid, 0, peerpidfd)
+            assert why.startswith(f"the caller (pid {gone.pid}) ") and why.endswith(
+                ": operation not permitted"), why
+            if peerpidfd:  # its pid now another's (here: ours, root with every capability):
+                why = peercaps.refusal(conn, os.getpid(), 0)  # the pidfd says it is gone
+                assert "exited or cannot be read" in why, why
+    server.close()

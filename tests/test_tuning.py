@@ -323,15 +323,67 @@ def test_a_data_dir_others_can_write_is_refused(plugins: Plugins, eth0: Netns, h
         shutil.rmtree(victim)
 
 
+@pytest.mark.parametrize("how", ["parent owned by nobody", "symlink in a parent"])
+def test_every_component_of_the_data_dir_is_walked(plugins: Plugins, eth0: Netns,
+                                                   how: str) -> None:
+    """Not only dataDir's last component: a parent another user owns could have its entries
+    renamed or linked to move where root writes and unlinks; a symlink anywhere is not
+    followed."""
+    base = Path(tempfile.mkdtemp(prefix="pycni-tuning-"))
+    base.chmod(0o755)
+    elsewhere = base / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    try:
+        if how == "parent owned by nobody":
+            base.chmod(0o1777)
+            evil = base / "evil"
+            subprocess.run([*NOBODY, "mkdir", "-m", "0755", str(evil)], check=True)
+            data = evil / "sub" / "data"
+            named = [str(evil), "nobody"]
+        else:  # root's own dirs, but a link in the path: it points where someone chose
+            evil = base / "link"
+            evil.symlink_to(elsewhere)
+            data = evil / "data"
+            named = [str(evil), "symlink"]
+        before = state(eth0)
+        code, out, _ = plugins.exec("tuning", "ADD", conf(eth0, data, mtu=1400),
+                                    netns=eth0.path)
+        assert code == 1 and out["code"] == 7 and f'dataDir "{data}"' in out["msg"], out
+        assert all(word in out["msg"] for word in named), out
+        assert state(eth0) == before
+        assert os.listdir(elsewhere) == []
+        if how == "parent owned by nobody":
+            assert os.listdir(evil) == []  # nothing made under it
+    finally:
+        shutil.rmtree(base)
+
+
+def test_missing_data_dir_components_are_made_0700_whatever_the_umask(
+        plugins: Plugins, eth0: Netns, tmp_path: Path) -> None:
+    tmp_path.chmod(0o755)
+    data = tmp_path / "a" / "b" / "data"
+    old = os.umask(0)  # the plugin's exec inherits it
+    try:
+        plugins.ok("tuning", "ADD", conf(eth0, data, mtu=1400), netns=eth0.path)
+    finally:
+        os.umask(old)
+    for made in (tmp_path / "a", tmp_path / "a" / "b", data):
+        assert oct(made.stat().st_mode & 0o7777) == "0o700", made
+    assert os.listdir(data) == ["ctr1_eth0.json"]
+    assert oct((data / "ctr1_eth0.json").stat().st_mode & 0o777) == "0o600"
+    plugins.ok("tuning", "DEL", conf(eth0, data, mtu=1400), netns=eth0.path)
+    assert os.listdir(data) == [] and state(eth0)["mtu"] == 1500
+
+
 def test_allowlist_limits_the_sysctls_add_takes(eth0: Netns, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """/etc/cni/tuning/allowlist.conf (here a file of the test's: the plugin run in-process)."""
     from cni import skel
-    from cni.plugins import tuning_conf
+    from cni.plugins import tuning_allowlist
 
     allow = tmp_path / "allowlist.conf"
     allow.write_text("^net\\.ipv4\\.conf\\.IFNAME\\.[a-z_]*$\n\n  ^net\\.ipv4\\.ip_forward$ \n")
-    monkeypatch.setattr(tuning_conf, "ALLOWLIST", str(allow))
+    monkeypatch.setattr(tuning_allowlist, "ALLOWLIST", str(allow))
     env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "ctr1", "CNI_NETNS": eth0.path,
            "CNI_IFNAME": "eth0", "CNI_PATH": "/nonexistent"}
     data = tmp_path / "data"
@@ -339,7 +391,8 @@ def test_allowlist_limits_the_sysctls_add_takes(eth0: Netns, tmp_path: Path,
     reply = skel.run("tuning", env, json.dumps(bad).encode())
     out = json.loads(reply.stdout)
     assert reply.code == 1 and out["code"] == 7, out
-    assert "net.ipv4.conf.all.log_martians" in out["msg"] and "allowlist" in out["msg"]
+    assert "Sysctl net.ipv4.conf.all.log_martians is not allowed" in out["msg"]
+    assert str(allow) in out["details"]
     assert read(eth0, ARP_NOTIFY) == "0"
     good = conf(eth0, data, sysctl={ARP: "1", "net.ipv4.ip_forward": "1"})
     assert skel.run("tuning", env, json.dumps(good).encode()).code == 0

@@ -12,6 +12,9 @@ One request per connection, on a unix stream socket:
 The ACK is what makes fallback safe: before it, nothing ran and the shim may run the request
 in-process; after it, the request may have run, so a lost reply is a CNI error (try again later),
 never a second run. A REPLY without an ACK is the daemon refusing the request (not run either).
+DENIED then REPLY is a refusal that is the caller's answer (peercaps.py: it may not have a plugin
+run): not run, and not to be run in-process or retried (a shim from before DENIED takes it for an
+ACK and relays the REPLY: the same).
 
 A status query (status.py) is STATUS_MAGIC alone instead of a request: the daemon answers it
 itself, never with a plugin run, as a REPLY (code 0, its figures as JSON on stdout), no ACK.
@@ -50,6 +53,7 @@ MAGIC = b"PYCNI\x01"
 STATUS_MAGIC = b"PYCNI?"  # a status query: the whole of it (same length as MAGIC)
 HANDOVER_MAGIC = b"PYCNI>"  # hand over to a successor running the installed code (handover.py)
 ACK = b"A"
+DENIED = b"D"
 REPLY = b"R"
 REQ_HEADER = Header("!IIIBI")
 REPLY_HEADER = Header("!iII")

@@ -24,7 +24,7 @@ import time
 from collections import deque
 
 from cni import __version__, registry  # __version__ bound at start: the one this daemon runs
-from cni.fast import attachlock
+from cni.fast import attachlock, peercaps
 from cni.fast import protocol as proto
 from cni.fast.child import EXIT_ANSWERED, EXIT_NOT_STARTED, Runner, run_child
 from cni.fast.fds import accept_one, close_all, drain, fds_from, peer_gone, send_quietly
@@ -202,9 +202,9 @@ class Server:
             self._drop(next(iter(self.pending)))  # the oldest: most likely idle
         p = Pending(conn, time.monotonic() + self.opts.read_timeout, peer=pid)
         self.expires = min(self.expires, p.deadline)
-        if uid != 0:
-            log.warning("refused a connection from pid %d uid %d (root only)", pid, uid)
-            p.refused = f"the pycni daemon serves root only (peer uid {uid})"
+        p.refused = peercaps.refusal(conn, pid, uid)  # who may have a plugin run: peercaps
+        if p.refused:
+            log.warning("refused a connection from pid %d uid %d: %s", pid, uid, p.refused)
         fd = conn.fileno()
         self.pending[fd] = p
         # The shim sends its request right after connect: it is usually here already, and
@@ -268,10 +268,11 @@ class Server:
             return
         data = bytes(buf[:size])
         self._unregister(fd)
-        if p.refused:
-            self._refuse(conn, p.refused, fds=p.fds)
-            return
         parts = proto.decode_request(data)
+        if p.refused:  # final: the caller could not run it itself (no fallback, no retry)
+            self._refuse(conn, p.refused, p.fds, proto.error_reply(
+                proto.INTERNAL, f"pycni daemon: {p.refused}", parts[2]))
+            return
         plugin, env_block, _, roles, _ = parts
         if len(p.fds) != bin(roles).count("1"):
             self._refuse(conn, "the request's fds do not match its header", fds=p.fds)
@@ -325,11 +326,14 @@ class Server:
         close_all(self.pending[fd].fds)
         self._unregister(fd).close()
 
-    def _refuse(self, conn: socket.socket, why: str, fds: list[int] | None = None) -> None:
-        """An answer without ACK: the request was not run."""
+    def _refuse(self, conn: socket.socket, why: str, fds: list[int] | None = None,
+                final: bytes = b"") -> None:
+        """An answer without ACK: the request was not run. `final`: the caller's answer
+        (protocol.DENIED), not a refusal the shim may run in-process or retry."""
         close_all(fds or [])
-        send_quietly(conn, proto.encode_reply(1, proto.error_reply(
-            proto.IO_FAILURE, f"pycni daemon: {why}", b""), b""))
+        send_quietly(conn, proto.DENIED + proto.encode_reply(1, final, b"") if final else
+                     proto.encode_reply(1, proto.error_reply(
+                         proto.IO_FAILURE, f"pycni daemon: {why}", b""), b""))
         drain(conn)  # closing on unread bytes would reset the peer before it reads the answer
         conn.close()
 

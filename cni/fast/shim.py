@@ -10,7 +10,9 @@ the daemon path only: VERSION does not import it).
   as is.
 - Everything else, and any request the daemon never accepted (no ACK: nothing ran; a refusal
   is a reply without ACK): skel.run in-process, same result (unless PYCNI_SHIM_FALLBACK=0:
-  then error 11 naming the socket and why, see no_daemon).
+  then error 11 naming the socket and why, see no_daemon). Not a caller the daemon denied
+  (protocol.DENIED: not root with the capabilities a plugin needs, peercaps.py): its error is
+  relayed, as an exec'd plugin's EPERM would be, and nothing runs here.
 
 How long the shim waits for the ACK (ACCEPT_TIMEOUT): a request sits in the socket's backlog
 while the daemon restarts (systemd: `systemctl restart pycni.service` after an upgrade, the
@@ -279,7 +281,8 @@ def _receive(sock, stdin: bytes) -> Reply | NotRun:
         return "it closed the connection before it took the request"  # stopping: not run
     if first == proto.REPLY:
         return _refusal(sock)  # an answer without ACK: the daemon refused, nothing ran
-    sock.settimeout(None)  # accepted: the daemon's own timeout bounds the run
+    if first != proto.DENIED:  # (DENIED: nothing ran, and its REPLY is the answer: relayed)
+        sock.settimeout(None)  # accepted: the daemon's own timeout bounds the run
     try:
         head = _read_exact(sock, proto.REPLY_PREFIX)
         code, out_len, err_len = proto.reply_sizes(head)

@@ -5,6 +5,12 @@ naming (pkg/ip/ipmasq_nftables_linux.go), so either side's DEL, CHECK and GC fin
       chain postrouting  (nat, postrouting, srcnat): multicast return; goto masq_checks
       chain masq_checks: ip saddr <pod ip> ip daddr != <pod subnet> masquerade comment "..."
 
+With bridge's nonMasqueradeCIDRs (pycni's, beyond the reference) the one rule per pod address
+leaves those CIDRs of its family alone too, in an anonymous set: `ip daddr != { <pod subnet>,
+<cidr>, ... }` (collapsed, so a CIDR holding the subnet leaves one prefix). Its comment is the
+same, so either side's DEL and GC find it; without the key the rule is the reference's, byte for
+byte.
+
 The comment is `<hash(net)>-<hash(ifname:cid)>, net: N, if: I, id: C` ('"' removed from N, I, C;
 cut at 128 bytes), hash = first 16 hex digits of SHA-512. DEL finds the attachment's rules by the
 `<hash(net)>-<hash(ifname:cid)>` prefix without knowing its IPs (the reference leaks them when
@@ -24,6 +30,7 @@ list masq_checks as before; GC removes the network's records of attachments not 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterable
 
 from cni.host import nft, nftrecord
 from cni.host.digest import sha256_hex, sha512_hex
@@ -106,9 +113,23 @@ def _record(network: str, ifname: str, container_id: str) -> nftrecord.Record | 
     return nftrecord.read(FAMILY, TABLE, record_chain(network, ifname, container_id), (CHAIN,))
 
 
-def setup(ips: list[str], network: str, ifname: str, container_id: str) -> None:
-    """Masquerade each 'ip/prefix' to anything outside its subnet, replacing any rules this
-    attachment had (one atomic batch)."""
+def destinations(address: str, keep: Iterable[str] = ()) -> list[str]:
+    """What the rule for the pod address 'ip/prefix' does not masquerade: its subnet and the
+    `keep` CIDRs (bridge's nonMasqueradeCIDRs, validated) of its family, collapsed, in order."""
+    iface = ipaddress.ip_interface(address)
+    nets = [iface.network, *(n for n in map(ipaddress.ip_network, keep)
+                             if n.version == iface.version)]
+    out = [str(n) for n in ipaddress.collapse_addresses(nets)]
+    if any("%" in n for n in out):  # a scope ID is kept verbatim: never into a rule
+        raise ValueError(f"not a plain network: {out}")
+    return out
+
+
+def setup(ips: list[str], network: str, ifname: str, container_id: str,
+          keep: Iterable[str] = ()) -> None:
+    """Masquerade each 'ip/prefix' to anything outside its subnet and the `keep` CIDRs,
+    replacing any rules this attachment had (one atomic batch)."""
+    keep = list(keep)
     tag = _quoted_comment(network, ifname, container_id)
     record = record_chain(network, ifname, container_id)
     head = (
@@ -122,16 +143,21 @@ def setup(ips: list[str], network: str, ifname: str, container_id: str) -> None:
         f"add rule {FAMILY} {TABLE} {BASE} goto {CHAIN}\n"
     )
     fresh = nftrecord.fresh_chain_script(FAMILY, TABLE, record)
-    sources = []
+    sources: list[str] = []
+    kept: list[str] = []  # fact "d": source@destination where more than its subnet (CHECK)
     rules = ""
     for cidr in ips:
         iface = ipaddress.ip_interface(cidr)
         proto = "ip" if iface.version == 4 else "ip6"
+        dsts = destinations(cidr, keep)
         sources.append(str(iface.ip))
+        if dsts != [str(iface.network)]:
+            kept += [f"{iface.ip}@{d}" for d in dsts]
+        daddr = dsts[0] if len(dsts) == 1 else "{ " + ", ".join(dsts) + " }"
         rules += (f"add rule {FAMILY} {TABLE} {CHAIN} {proto} saddr {iface.ip} "
-                  f"{proto} daddr != {iface.network} masquerade comment {tag}\n")
+                  f"{proto} daddr != {daddr} masquerade comment {tag}\n")
     rules += nftrecord.meta_script(FAMILY, TABLE, record, [CHAIN] * len(sources),
-                                   {"a": sources})
+                                   {"a": sources, "d": kept} if kept else {"a": sources})
     # The usual ADD is of a fresh attachment (no record yet): its batch is sent without reading
     # the record first, and `create`s the record chain, which fails the whole batch (nothing
     # changed) when the chain is there (a re-ADD). Otherwise it is the very batch the record's
@@ -173,18 +199,49 @@ def teardown(network: str, ifname: str, container_id: str) -> int:
     return len(found)
 
 
-def present(network: str, ifname: str, container_id: str) -> list[str]:
-    """Source addresses this attachment's rules masquerade (for CHECK)."""
+def present(network: str, ifname: str, container_id: str) -> dict[str, set[str] | None]:
+    """Source addresses this attachment's rules masquerade, each with the destinations its rule
+    leaves alone (for CHECK); None: only the source's own subnet, as the reference's rule (a
+    record says so by no fact "d" for it: so did every record before nonMasqueradeCIDRs)."""
     rec = _record(network, ifname, container_id)
     if rec is not None and nftrecord.present(FAMILY, TABLE, rec.handles):
-        return rec.fact("a")
-    out = []
+        out: dict[str, set[str] | None] = {a: None for a in rec.fact("a")}
+        for item in rec.fact("d"):
+            source, _, dst = item.partition("@")
+            out[source] = (out.get(source) or set()) | {dst}
+        return out
+    out = {}
     for rule in _rules(*_instance_prefixes(network, ifname, container_id)):
+        source, dsts = None, set()
         for expr in rule.get("expr", []):
-            match = expr.get("match")
-            if match and match.get("op") == "==" and \
-                    match.get("left", {}).get("payload", {}).get("field") == "saddr":
-                out.append(str(match.get("right")))
+            match = expr.get("match") or {}
+            field = match.get("left", {}).get("payload", {}).get("field")
+            if field == "saddr" and match.get("op") == "==":
+                source = str(match.get("right"))
+            elif field == "daddr" and match.get("op") == "!=":
+                dsts = _networks(match.get("right"))
+        if source is not None:
+            out.setdefault(source, set()).update(dsts)
+    return out
+
+
+def _networks(right: object) -> set[str]:
+    """The prefixes of a rule's `daddr !=` right side in nft's JSON: an address, a prefix or a
+    set of those (or ranges, as nft shows a merged interval that is no prefix)."""
+    items = right.get("set", []) if isinstance(right, dict) and "set" in right else [right]
+    out: set[str] = set()
+    for item in items:
+        try:
+            if isinstance(item, dict) and "prefix" in item:
+                out.add(str(ipaddress.ip_network(f"{item['prefix']['addr']}/"
+                                                  f"{item['prefix']['len']}")))
+            elif isinstance(item, dict) and "range" in item:
+                low, high = (ipaddress.ip_address(a) for a in item["range"])
+                out.update(map(str, ipaddress.summarize_address_range(low, high)))
+            else:
+                out.add(str(ipaddress.ip_network(str(item))))
+        except (KeyError, TypeError, ValueError):
+            out.add(f"?{item}")  # not something we write: CHECK says it differs
     return out
 
 

@@ -1,4 +1,11 @@
-"""sysctls under /proc/sys, read and written in the caller's current network namespace."""
+"""sysctls under /proc/sys/net, read and written in the caller's current network namespace.
+
+Only net.* keys (read and write): outside net/ a key is the host's whatever namespace the
+caller is in (kernel.*, vm.*, fs.*: a plugin writing one "in the pod" would change the node).
+Under net/ the kernel itself keeps to the namespace: a network namespace other than the host's
+shows only its own per-namespace keys (net.core.rmem_max, net.ipv4.tcp_mem and the other
+global ones are absent there, nf_conntrack_max read-only), and in the host's namespace a net.*
+key is the host's by definition. docs/PLUGINS.md states the rule for plugin authors."""
 
 from __future__ import annotations
 
@@ -6,15 +13,22 @@ import locale
 import os
 
 from cni.host import procfs
+from cni.host.errors import HostError
 
 ROOT = "/proc/sys"
+NET = ROOT + "/net/"
+
+
+class KeyRefused(HostError, ValueError):
+    """A sysctl key outside net.* (skel answers it as 999 with its message)."""
 
 
 def _path(key: str) -> str:
     rel = key.replace(".", "/") if "/" not in key else key
     path = os.path.normpath(os.path.join(ROOT, rel))
-    if not path.startswith(ROOT + "/"):
-        raise ValueError(f"sysctl {key!r} is outside {ROOT}")
+    if not path.startswith(NET):
+        raise KeyRefused(f"sysctl {key!r}: only net.* keys, which the kernel keeps per network "
+                         "namespace, may be read or written")
     return path
 
 

@@ -1,22 +1,25 @@
-"""Pod accepts in the host's iptables FORWARD chain, for a host whose iptables (iptables-nft)
-drops forwarded traffic (Docker sets `iptables -P FORWARD DROP`).
+"""Pod accepts in the host's iptables FORWARD chain, for a host whose iptables drops forwarded
+traffic (Docker sets `iptables -P FORWARD DROP`).
 
 Every base chain at a hook must accept a packet: an accept in pycni's own nft table does not
-override a drop in `ip filter FORWARD`. So where that chain exists, the firewall plugin also
-writes the reference's iptables layout there, with iptables-nft itself (rules written in nft
-syntax into iptables' table would list as garbage in iptables-save):
+override a drop in `ip filter FORWARD`, nor in x_tables' filter FORWARD (iptables-legacy, which
+nft cannot see). So where a backend's filter table exists, in either family, the firewall
+plugin also writes the reference's iptables layout there, in each of the pod's families (as the
+reference, which makes both families' chains), with that backend's own iptables (rules written
+in nft syntax into iptables' table would list as garbage in iptables-save):
 
     -A FORWARD -m comment --comment "CNI firewall plugin rules" -j CNI-FORWARD      (first)
     -A CNI-FORWARD -m comment --comment "CNI firewall plugin admin overrides" -j CNI-ADMIN
     -A CNI-FORWARD -d P/32 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
     -A CNI-FORWARD -s P/32 -j ACCEPT
 
-the very rules the reference's iptables backend writes, so each side's DEL removes the other's.
-A host without that chain (nftables only) gets no iptables table. One `iptables-nft-restore
---noflush` per family and change: atomic, one at a time (a lock in /run/pycni). No verb lists
-the filter table once the host has the chains: ADD reads CNI-FORWARD alone, DEL deletes by
-spec (`-D`), CHECK asks by spec (`-C`); only a host's first ADD lists it (and retries if the
-table changed meanwhile). Nothing here knows CNI.
+the very rules the reference's iptables backend writes (through whichever `iptables` the host
+has), so each side's DEL and CHECK handle the other's. A host with neither filter table
+(nftables only) gets no iptables table. One `iptables-{nft,legacy}-restore --noflush` per
+backend, family and change: atomic, one at a time (a lock in /run/pycni). No verb lists the
+filter table once the host has the chains: ADD reads CNI-FORWARD alone, DEL deletes by spec
+(`-D`), CHECK asks by spec (`-C`); only a host's first ADD lists it (and retries if the table
+changed meanwhile). Nothing here knows CNI.
 """
 
 from __future__ import annotations
@@ -29,12 +32,21 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
-from cni.host import nft
+from cni.host import nft, procfs
 from cni.host.errors import HostError
 
 NFT_FAMILY = {4: "ip", 6: "ip6"}
-TOOLS = {4: ("iptables-nft", "iptables-nft-restore"), 6: ("ip6tables-nft", "ip6tables-nft-restore")}
+NFT, LEGACY = "nft", "legacy"
+TOOLS = {NFT: {4: ("iptables-nft", "iptables-nft-restore"),
+               6: ("ip6tables-nft", "ip6tables-nft-restore")},
+         LEGACY: {4: ("iptables-legacy", "iptables-legacy-restore"),
+                  6: ("ip6tables-legacy", "ip6tables-legacy-restore")}}
+# x_tables' tables of this network namespace (the calling thread's): "filter" once anything
+# (iptables-legacy, the reference through it) has used it here
+LEGACY_TABLES = {4: "/proc/thread-self/net/ip_tables_names",
+                 6: "/proc/thread-self/net/ip6_tables_names"}
 PRIV = "CNI-FORWARD"
 DEFAULT_ADMIN = "CNI-ADMIN"
 FILTER_COMMENT = "CNI firewall plugin rules"
@@ -50,37 +62,73 @@ LOCK = "xtforward.lock"
 
 
 class XtablesError(HostError):
-    """iptables-nft refused or is missing; the message is its own."""
+    """iptables refused or is missing; the message is its own."""
 
 
-def present(family: int) -> bool:
-    """Whether the host has iptables' filter FORWARD chain (in nftables, iptables-nft's)."""
-    return bool(nft.list_json(f"chain {NFT_FAMILY[family]} filter FORWARD"))
+class XtablesIncompatible(XtablesError):
+    """iptables-nft cannot read the host's filter table: it holds rules written with nft that
+    iptables has no syntax for."""
 
 
-def _tool(family: int, which: int) -> str:
-    name = TOOLS[family][which]
-    path = shutil.which(name, path="/usr/sbin:/sbin:/usr/bin:/bin")
-    if path is None:
-        raise XtablesError(f"{name} not found: the host has an iptables filter FORWARD chain "
-                           f"({NFT_FAMILY[family]} filter) the pod rules must go into")
-    return path
+class Filter(NamedTuple):
+    """One iptables filter table: a backend's, of one family."""
+
+    backend: str  # NFT or LEGACY
+    family: int
+
+    def tool(self, which: int) -> str:
+        """The path of its iptables (0) or iptables-restore (1), from the system's own dirs."""
+        name = TOOLS[self.backend][self.family][which]
+        path = shutil.which(name, path="/usr/sbin:/sbin:/usr/bin:/bin")
+        if path is None:
+            raise XtablesError(f"{name} not found: the host has an iptables filter table "
+                               f"({self.where}) the pod rules must go into")
+        return path
+
+    @property
+    def where(self) -> str:
+        if self.backend == LEGACY:
+            return f"{TOOLS[LEGACY][self.family][0]}'s filter, x_tables"
+        return f"nftables {NFT_FAMILY[self.family]} filter"
 
 
-def listing(family: int) -> list[str]:
-    """`iptables-nft -t filter -S`: the filter table as rule specs."""
-    proc = subprocess.run([_tool(family, 0), "-w", "-t", "filter", "-S"], capture_output=True,
+def in_use() -> list[str]:
+    """The iptables backends whose filter table the host has, in either family: iptables-nft's
+    (`ip`/`ip6 filter` with its FORWARD chain, seen through nft) and x_tables' (iptables-legacy;
+    nft cannot see it, the kernel names it in /proc/net/ip{,6}_tables_names)."""
+    out = []
+    if any(nft.list_json(f"chain {NFT_FAMILY[f]} filter FORWARD") for f in NFT_FAMILY):
+        out.append(NFT)
+    if any(b"filter" in procfs.read(path).split() for path in LEGACY_TABLES.values()
+           if os.path.exists(path)):
+        out.append(LEGACY)
+    return out
+
+
+def filters(families: list[int]) -> list[Filter]:
+    """The filter tables a pod of these families needs its accepts in."""
+    return [Filter(b, f) for b in in_use() for f in families]
+
+
+def _failure(tool: str, stderr: str) -> XtablesError:
+    text = f"{tool}: {stderr.strip() or 'failed'}"
+    return XtablesIncompatible(text) if "is incompatible" in stderr else XtablesError(text)
+
+
+def listing(where: Filter) -> list[str]:
+    """`iptables -t filter -S`: the filter table as rule specs."""
+    proc = subprocess.run([where.tool(0), "-w", "-t", "filter", "-S"], capture_output=True,
                           text=True, timeout=_TIMEOUT)
     if proc.returncode != 0:
-        raise XtablesError(f"{TOOLS[family][0]} -S: {proc.stderr.strip()}")
+        raise _failure(f"{TOOLS[where.backend][where.family][0]} -S", proc.stderr)
     return proc.stdout.splitlines()
 
 
-def _restore(family: int, script: str) -> None:
-    proc = subprocess.run([_tool(family, 1), "-w", "--noflush"], input=script,
+def _restore(where: Filter, script: str) -> None:
+    proc = subprocess.run([where.tool(1), "-w", "--noflush"], input=script,
                           capture_output=True, text=True, timeout=_TIMEOUT)
     if proc.returncode != 0:
-        raise XtablesError(f"{TOOLS[family][1]}: {proc.stderr.strip() or 'failed'}")
+        raise _failure(TOOLS[where.backend][where.family][1], proc.stderr)
 
 
 def _prefix(ip: str) -> str:
@@ -104,29 +152,28 @@ def _as(spec: str, command: str) -> str:
     return command + spec[2:]  # "-A CHAIN ..." as "-C CHAIN ..." / "-D CHAIN ..."
 
 
-def add(family: int, ips: list[str], admin: str) -> None:
+def add(where: Filter, ips: list[str], admin: str) -> None:
     """The chains, the entry jumps (first in their chains) and each address's accepts, as far
     as they are missing; one transaction. Reads CNI-FORWARD alone (the FORWARD jump is asked by
     spec, `-C`, in the same transaction as the new accepts); only a host without the chains or
     jumps yet (its first pod) has its filter table listed."""
     forward, to_admin = entry_specs(admin)
     with _locked():
-        have = chain_specs(family, PRIV)
+        have = chain_specs(where, PRIV)
         if have is not None and to_admin in have:
             lines = [_as(forward, "-C")] + [s for ip in ips for s in pod_specs(ip)
                                             if s not in have]
             try:
-                _restore(family, _script(lines))
+                _restore(where, _script(lines))
                 return
             except XtablesError:  # the FORWARD jump is missing, or another writer raced
                 pass
-        _apply(family, lambda listed: _add_lines(listed, ips, admin))
+        _apply(where, lambda listed: _add_lines(listed, ips, admin))
 
 
-def chain_specs(family: int, chain: str) -> list[str] | None:
-    """`iptables-nft -S <chain>`: one chain's rules as specs; None when there is no such
-    chain."""
-    proc = subprocess.run([_tool(family, 0), "-w", "-t", "filter", "-S", chain],
+def chain_specs(where: Filter, chain: str) -> list[str] | None:
+    """`iptables -S <chain>`: one chain's rules as specs; None when there is no such chain."""
+    proc = subprocess.run([where.tool(0), "-w", "-t", "filter", "-S", chain],
                           capture_output=True, text=True, timeout=_TIMEOUT)
     return proc.stdout.splitlines() if proc.returncode == 0 else None
 
@@ -141,7 +188,7 @@ def _add_lines(have: list[str], ips: list[str], admin: str) -> list[str]:
     return lines + [s for ip in ips for s in pod_specs(ip) if s not in have]
 
 
-def delete(family: int, ips: list[str], owned: Callable[[str], bool] = lambda _ip: False
+def delete(where: Filter, ips: list[str], owned: Callable[[str], bool] = lambda _ip: False
            ) -> list[str]:
     """Each address's accepts, where present, unless owned(address) says another attachment
     still needs them (asked under the lock, after which no ADD of it is half done); by spec
@@ -150,14 +197,14 @@ def delete(family: int, ips: list[str], owned: Callable[[str], bool] = lambda _i
     with _locked():
         gone = [ip for ip in ips if not owned(ip)]
         specs = [_as(s, "-D") for ip in gone for s in pod_specs(ip)]
-        _failing(family, specs)  # a rule already gone is no error
+        _failing(where, specs)  # a rule already gone is no error
     return gone
 
 
 _LINE = re.compile(r"line (\d+) failed")
 
 
-def _failing(family: int, lines: list[str]) -> list[int]:
+def _failing(where: Filter, lines: list[str]) -> list[int]:
     """Restore `lines` as one transaction, leaving out each line that fails (a `-C` of a rule
     that is not there, a `-D` of one already gone) until the rest pass; -> the indexes left
     out. A failed transaction applies nothing, so each try starts from the same table.
@@ -166,7 +213,7 @@ def _failing(family: int, lines: list[str]) -> list[int]:
     todo = list(range(len(lines)))
     while todo:
         try:
-            _restore(family, _script([lines[i] for i in todo]))
+            _restore(where, _script([lines[i] for i in todo]))
             break
         except XtablesError as e:
             m = _LINE.search(str(e))
@@ -181,17 +228,17 @@ def _script(lines: list[str]) -> str:
     return "*filter\n" + "\n".join(lines) + "\nCOMMIT\n"
 
 
-def _apply(family: int, script: Callable[[list[str]], list[str]]) -> None:
+def _apply(where: Filter, script: Callable[[list[str]], list[str]]) -> None:
     """Restore the lines script(listing) makes from a fresh listing; again if the table changed
     in between (a concurrent ADD made a chain, a DEL removed a rule: the batch fails whole,
     since `-N` of an existing chain and `-D` of a missing rule are errors; a `:chain` line would
     flush another ADD's rules instead). Under the caller's lock."""
     for attempt in range(_RETRIES):
-        lines = script(listing(family))
+        lines = script(listing(where))
         if not lines:
             return
         try:
-            _restore(family, _script(lines))
+            _restore(where, _script(lines))
             return
         except XtablesError:
             if attempt == _RETRIES - 1:
@@ -212,13 +259,13 @@ def _locked() -> Iterator[None]:
         os.close(fd)  # releases the flock
 
 
-def missing(family: int, ips: list[str], admin: str) -> str | None:
+def missing(where: Filter, ips: list[str], admin: str) -> str | None:
     """The first expected rule that is not there (None: all are), asked by spec; listed
     only when iptables names no line (a chain is missing)."""
     specs = entry_specs(admin) + [s for ip in ips for s in pod_specs(ip)]
     try:
-        failed = _failing(family, [_as(s, "-C") for s in specs])
+        failed = _failing(where, [_as(s, "-C") for s in specs])
     except XtablesError:
-        have = listing(family)
+        have = listing(where)
         failed = [i for i, s in enumerate(specs) if s not in have]
     return specs[failed[0]] if failed else None

@@ -27,10 +27,22 @@ daemon of another version answering on the socket (PYCNI_SOCKET) hands over to o
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from cni import __version__, registry
-from cni.install import copies, entrypoints, files, forwarder, inuse, lock, render, trust, units
+from cni.install import (
+    cluster,
+    copies,
+    entrypoints,
+    files,
+    forwarder,
+    inuse,
+    lock,
+    render,
+    trust,
+    units,
+)
 from cni.install.errors import (
     BACKUPS,
     DEFAULT_BIN,
@@ -62,8 +74,8 @@ from cni.install.units import SYSTEMD_DIR, systemd_dir
 
 __all__ = ["BACKUPS", "CONF_SRC", "DATA", "DEFAULT_BIN", "DEFAULT_CONF", "DEFAULT_CONFLIST",
            "MANIFEST", "MARKER", "MULTICALL", "PACKAGE", "ROOT", "SOURCE", "SYSTEMD_DIR", "UNITS",
-           "Entry", "InstallError", "Manifest", "Planned", "compile_package", "describe",
-           "install", "plan", "render_multicall", "shipped_conflists", "site_dirs",
+           "Entry", "InstallError", "Manifest", "Planned", "check_node_cidrs", "compile_package",
+           "describe", "install", "plan", "render_multicall", "shipped_conflists", "site_dirs",
            "systemd_dir", "uninstall", "venv_python"]
 
 
@@ -72,9 +84,14 @@ def plan(bin_dir: Path, conf_dir: Path | None, conflist: str | None,
          units_dir: Path | None = None, root: Path = ROOT,
          sites: list[str] | None = None,
          plugins: dict[str, tuple[str, str]] | None = None,
+         pod_cidrs: Sequence[str] = (), cluster_cidrs: Sequence[str] = (),
+         containerd_template: Path | None = None,
          forwarder_binary: bytes | None = None) -> list[Planned]:
     """What install writes; `plugins`, the entry-point plugins (entrypoints.plugin_table), are
-    linked too; to the forwarder (with its table) when its binary is given (forwarder.py)."""
+    linked too; to the forwarder (with its table) when its binary is given (forwarder.py).
+    With pod CIDRs the conflist is the shipped default filled in for this node; with
+    containerd_template, the shipped template with the cluster CIDRs goes there instead of a
+    conflist (cluster.py)."""
     python = python or venv_python()
     plugins = plugins or {}
     items = [Planned(bin_dir / MULTICALL, "file",
@@ -87,8 +104,14 @@ def plan(bin_dir: Path, conf_dir: Path | None, conflist: str | None,
                           mode=0o644)]
     items += [Planned(bin_dir / name, "symlink", target=target)
               for name in (*registry.NAMES, *sorted(plugins))]
-    if conf_dir is not None and conflist:
+    if containerd_template is not None:
+        _, raw = render.conflist_source(cluster.TEMPLATE)
+        items.append(Planned(containerd_template, "file",
+                             cluster.render_template(raw, cluster_cidrs), mode=0o644))
+    elif conf_dir is not None and conflist:
         name, raw = render.conflist_source(conflist)
+        if pod_cidrs or cluster_cidrs:
+            raw = cluster.render(raw, pod_cidrs, cluster_cidrs)
         items.append(Planned(conf_dir / name, "file", render_conflist(name, raw, cni_version),
                              mode=0o644))
     if units_dir is not None:
@@ -125,13 +148,22 @@ def check_trust(bin_dir: Path, conf_dir: Path | None, units_dir: Path | None,
 def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
             conflist: str | None = DEFAULT_CONFLIST, *, force: bool = False,
             cni_version: str | None = None, compile_bytecode: bool = True,
-            units_dir: Path | None = None, use_forwarder: bool = False,
+            units_dir: Path | None = None, pod_cidrs: Sequence[str] = (),
+            cluster_cidrs: Sequence[str] = (),
+            containerd_template: Path | None = None, use_forwarder: bool = False,
             forwarder_binary: Path | None = None) -> list[str]:
     """Install; returns human-readable lines of what was done. Refuses (changing nothing) when a
     path it would read or write is not root's alone (trust.py), or a different file is in the
     way, unless force (which keeps the old one as a backup). With units_dir (see systemd_dir) the
-    daemon's units go there and the socket is enabled. use_forwarder: the plugin names link to
-    pycni-forwarder (forwarder_binary, else found as forwarder.find_binary says)."""
+    daemon's units go there and the socket is enabled. With pod (and cluster) CIDRs the
+    conflist is the shipped default filled in for this node; with containerd_template the
+    shipped template with the cluster CIDRs is written there, and no conflist (cluster.py).
+    use_forwarder: the plugin names link to pycni-forwarder (forwarder_binary, else found as
+    forwarder.find_binary says)."""
+    check_node_cidrs(conflist, conf_dir, pod_cidrs, cluster_cidrs, containerd_template)
+    if containerd_template is not None:
+        containerd_template = containerd_template.absolute()
+        trust.walk_dir_to_make(containerd_template.parent, "containerd template dir")
     bin_dir, conf_dir = bin_dir.absolute(), conf_dir.absolute() if conf_dir else None
     python = venv_python()
     check_interpreter(python, units_dir)
@@ -147,10 +179,13 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
     if not force:
         _refuse_mixed(bin_dir, table)
     items = plan(bin_dir, conf_dir, conflist, cni_version, python, units_dir,
-                 root=lib or ROOT, sites=sites, plugins=table, forwarder_binary=binary)
+                 root=lib or ROOT, sites=sites, plugins=table, pod_cidrs=pod_cidrs,
+                 cluster_cidrs=cluster_cidrs, containerd_template=containerd_template,
+                 forwarder_binary=binary)
     _conflicts(bin_dir, items, force)  # refused before anything is written
     created = []
-    for d in filter(None, (bin_dir, conf_dir, units_dir)):
+    template_dir = containerd_template.parent if containerd_template else None
+    for d in filter(None, (bin_dir, conf_dir, units_dir, template_dir)):
         created += [str(p) for p in files.make_dirs(d)]
     with lock.held(bin_dir):
         done = _install_locked(bin_dir, items, _conflicts(bin_dir, items, force), created,
@@ -162,6 +197,34 @@ def _refuse_mixed(bin_dir: Path, table: dict[str, tuple[str, str]]) -> None:
     old = Manifest.load(bin_dir)
     recorded = {e.path: e.target for e in old.entries if e.kind == "symlink"} if old else {}
     forwarder.refuse_mixed(bin_dir, [*registry.NAMES, *sorted(table)], recorded)
+
+
+def check_node_cidrs(conflist: str | None, conf_dir: Path | None, pod_cidrs: Sequence[str],
+                     cluster_cidrs: Sequence[str], containerd_template: Path | None = None
+                     ) -> None:
+    """Pod and cluster CIDRs fill in the shipped default conflist, so they go with neither
+    another conflist (a file of one's own says its own ranges) nor none. The containerd
+    template takes cluster CIDRs only (containerd fills in the pod CIDRs) and replaces the
+    conflist (containerd renders it only while no conflist is loaded)."""
+    if containerd_template is not None:
+        if pod_cidrs:
+            raise InstallError(f"--pod-cidr {pod_cidrs[0]!r}: not with --containerd-template "
+                               "(containerd fills in the node's pod CIDRs)")
+        if not cluster_cidrs:
+            raise InstallError("--containerd-template needs --cluster-cidr (what it fills in)")
+        cluster.cluster_networks(cluster_cidrs)
+        if conflist not in (None, DEFAULT_CONFLIST):
+            raise InstallError(f"--containerd-template writes no conflist: not with --conflist "
+                               f"{conflist!r} (containerd renders the template only while no "
+                               "conflist is loaded)")
+        return
+    if not pod_cidrs and not cluster_cidrs:
+        return
+    cluster.networks(pod_cidrs, cluster_cidrs)
+    if conflist != DEFAULT_CONFLIST or conf_dir is None:
+        raise InstallError(f"--pod-cidr and --cluster-cidr fill in {DEFAULT_CONFLIST}: not "
+                           f"with --conflist {conflist or ''!r} (put the ranges and "
+                           "nonMasqueradeCIDRs in a conflist of your own instead)")
 
 
 def _conflicts(bin_dir: Path, items: list[Planned], force: bool) -> list[Path]:

@@ -25,41 +25,24 @@ symlink swapped in after the walk is never followed.
 from __future__ import annotations
 
 import os
-import pwd
 import stat
 from pathlib import Path
 
+from cni.host import safedir
 from cni.install.errors import InstallError
 
 MAX_HOPS = 40  # symlinks followed in one path, as the kernel's ELOOP limit
-
-
-def trusted_uids() -> set[int]:
-    return {0, os.geteuid()}
-
-
-def _owner(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
-def _refuse(what: str, path: str, st: os.stat_result, why: str) -> InstallError:
-    return InstallError(f"{what}: {path} is owned by {_owner(st.st_uid)} with mode "
-                        f"{stat.S_IMODE(st.st_mode):04o}: {why}; install reads and writes only "
-                        f"what root owns and no one else can write (nothing was written)")
+trusted_uids = safedir.trusted_uids  # the owners the rule accepts: root, and the euid
 
 
 def _check(what: str, path: str, st: os.stat_result, ancestor: bool) -> None:
-    if st.st_uid not in trusted_uids():
-        raise _refuse(what, path, st, "root must own it")
-    if stat.S_ISLNK(st.st_mode):
-        return  # a link's own mode means nothing; where it points is walked next
-    if st.st_mode & 0o022:
-        sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and st.st_uid == 0
-        if not (ancestor and sticky):
-            raise _refuse(what, path, st, "group or others can write it")
+    """The rule is cni.host.safedir's (tuning's dataDir walks by it too); a link passes on its
+    owner alone: where it points is walked next."""
+    why = safedir.why_untrusted(st, ancestor=ancestor)
+    if why:
+        raise InstallError(f"{what}: {safedir.describe(path, st, why)}; install reads and "
+                           "writes only what root owns and no one else can write (nothing was "
+                           "written)")
 
 
 def walk(path: Path | str, what: str, *, ancestor: bool = False) -> str:

@@ -12,6 +12,8 @@ Differences from the reference, all deliberate:
 - the bridge MAC is pinned on every ADD (after the port joins), not only with isGateway (#805);
 - ADD returns once the port forwards, not only when it is oper-up (reference #463);
 - ipMasq uses nftables; `ipMasqBackend: "iptables"` is refused (error 2);
+- `nonMasqueradeCIDRs` (not a reference key; ip-masq-agent's name): destinations ipMasq leaves
+  alone beside the pod's subnet, e.g. the cluster's pod CIDR on a routed cluster (cni.host.masq);
 - GC without cni.dev/valid-attachments removes nothing; GC drops a spoof check only once its
   host veth is gone (the reference's names carry no network).
 """
@@ -29,7 +31,7 @@ from cni.host.errors import HostError, NamespaceMissing
 from cni.ipam import delegate as ipam
 from cni.plugins.undo import Undo
 from cni.skel import Request, require_printable, valid_attachments
-from cni.spec import keys, names
+from cni.spec import cidr, keys, names
 from cni.spec import version as versions
 from cni.spec.config import (
     Field,
@@ -72,6 +74,7 @@ class NetConf(PluginConf):
     enabledad: Bool = False
     disableContainerInterface: Bool = False
     portIsolation: Bool = False
+    nonMasqueradeCIDRs: list[StrictStr] | None = None  # pycni's: normalized by load()
     # Derived by load(), not config keys.
     mac: str = ""
     vlans: list[int] = Field(default_factory=list)
@@ -102,8 +105,30 @@ def load(req: Request, strict: bool = True) -> NetConf:
         raise unsupported("ipMasqBackend", "iptables", "only the nftables backend is built")
     if conf.ipMasqBackend not in (None, "nftables"):
         raise invalid_config("ipMasqBackend", conf.ipMasqBackend, "unrecognized ipMasqBackend")
+    conf.nonMasqueradeCIDRs = [non_masquerade_cidr(i, v)
+                               for i, v in enumerate(conf.nonMasqueradeCIDRs or [])]
     conf.mac = container_mac(req, conf)
     return conf
+
+
+def non_masquerade_cidr(index: int, value: str) -> str:
+    """One nonMasqueradeCIDRs entry, normalized (cni.spec.cidr: prefix length written out, no
+    host bits, no scope ID)."""
+    try:
+        return str(cidr.network(value))
+    except ValueError as e:
+        raise invalid_config(f"nonMasqueradeCIDRs[{index}]", value, str(e)) from None
+
+
+def check_non_masquerade_families(cidrs: list[str], ips: list[dict]) -> None:
+    """Each nonMasqueradeCIDRs entry must be of a family the network's addresses have."""
+    have = {ipaddress.ip_interface(ip["address"]).version for ip in ips}
+    for i, value in enumerate(cidrs):
+        version = ipaddress.ip_network(value).version
+        if version not in have:
+            raise invalid_config(f"nonMasqueradeCIDRs[{i}]", value,
+                                 f"an IPv{version} CIDR, and the network gives the pod no "
+                                 f"IPv{version} address")
 
 
 def load_for_del(req: Request) -> NetConf:
@@ -247,6 +272,7 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
         result["dns"] = ipam_result.get("dns", {})
         if not result["ips"]:
             raise CNIError(Code.INTERNAL, "IPAM plugin returned missing IP config")
+        check_non_masquerade_families(conf.nonMasqueradeCIDRs or [], result["ips"])
 
         gateways = calc_gateways(result, conf)
 
@@ -263,7 +289,7 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
             undo.push("masquerade rules", lambda: masq.teardown(conf.name, req.ifname,
                                                                 req.container_id))
             masq.setup([ip["address"] for ip in result["ips"]], conf.name, req.ifname,
-                       req.container_id)
+                       req.container_id, conf.nonMasqueradeCIDRs or [])
     elif not conf.disableContainerInterface:
         with netns.iproute(req.netns_target) as cipr:
             links.set_up(cipr, pair.container.index)
@@ -422,12 +448,19 @@ def check(req: Request) -> None:
                 raise CNIError(Code.INTERNAL, f"Failed to find route '{route['dst']}' in "
                                "container")
 
+    check_non_masquerade_families(conf.nonMasqueradeCIDRs or [], prev.get("ips", []))
     if conf.ipMasq:
-        have = set(masq.present(conf.name, req.ifname, req.container_id))
+        have = masq.present(conf.name, req.ifname, req.container_id)
         for ipc in prev.get("ips", []):
             address = str(ipaddress.ip_interface(ipc["address"]).ip)
             if address not in have:
                 raise CNIError(Code.INTERNAL, f"masquerade rule for {address} is missing")
+            want = masq.destinations(ipc["address"], conf.nonMasqueradeCIDRs or [])
+            got = have[address]
+            got = {str(ipaddress.ip_interface(ipc["address"]).network)} if got is None else got
+            if got != set(want):
+                raise CNIError(Code.INTERNAL, f"masquerade rule for {address} leaves "
+                               f"{sorted(got)} alone, the config says {want}")
     if conf.macspoofchk and not spoofchk.present(req.container_id, req.ifname, conf.name):
         raise CNIError(Code.INTERNAL, f"mac spoof check for {req.ifname} is missing")
 

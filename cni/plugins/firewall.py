@@ -4,9 +4,12 @@ that gave it its IPs (podman's CNI networks chain it after bridge and portmap).
 Reads like the reference's cmdAdd / cmdDel / cmdCheck (containernetworking/plugins v1.9
 plugins/meta/firewall), on nftables: pycni's own `inet cni_firewall` table holds the reference's
 CNI-FORWARD / CNI-ADMIN / CNI-ISOLATION-STAGE-* layout (cni.host.forward), and where the host
-has iptables' filter FORWARD chain (iptables-nft; Docker sets its policy to DROP) the
-reference's own CNI-FORWARD rules go there too, through iptables-nft (cni.host.xtforward), since
-an accept in one table does not override another table's drop.
+has iptables' filter table (iptables-nft's or x_tables'; Docker sets FORWARD's policy to DROP)
+the reference's own CNI-FORWARD rules go there too, through that iptables (cni.host.xtforward),
+since an accept in one table does not override another table's drop. Those are the rules the
+reference's iptables backend writes: across a swap, each side's CHECK and DEL handle the
+other's attachments (an attachment with no record here is the reference's: CHECK looks at its
+iptables rules alone, as the reference's does).
 
 Unlike the reference: `backend` "" (or "nftables") is this nftables backend, and "iptables" /
 "firewalld" are refused (error 2), any other value too (error 7) where the reference silently
@@ -76,11 +79,11 @@ def add(req: Request) -> Result:
         return text + forward.add_script(ips, comment, chain)
 
     _apply(script)
+    done: list[xtforward.Filter] = []
     try:
-        for family in _families(ips):
-            if xtforward.present(family):
-                xtforward.add(family, [ip for ip in ips if _family(ip) == family],
-                              admin_chain(conf))
+        for where in xtforward.filters(_families(ips)):
+            xtforward.add(where, _of(ips, where), admin_chain(conf))
+            done.append(where)
     except (nft.NftError, xtforward.XtablesError, OSError) as e:
         def undo(_attempt: int) -> str:
             rec = _read_record(chain)
@@ -90,9 +93,8 @@ def add(req: Request) -> Result:
                 [r for r in listing.rules if (r.get("chain"), r.get("comment")) in made])
 
         _apply(undo)
-        _drop_empty_indexes(ips)
-        raise CNIError(Code.INTERNAL, f"unable to add the pod's iptables FORWARD rules: {e}") \
-            from None
+        _release(req, ips, done)
+        raise _xtables_error(e, "unable to add the pod's iptables FORWARD rules") from None
     if old is not None:  # a re-ADD with other addresses: the old ones' accepts are not its own
         _release(req, [ip for ip in old.addresses if ip not in ips])
     return req.prev_result
@@ -148,16 +150,20 @@ def gc(req: Request) -> int:
     return len(found.get("rules", []))
 
 
-def _release(req: Request, ips: list[str]) -> None:
-    """The iptables accepts of these addresses, and their index chains, where no attachment's
-    index rule is left (another attachment may have the address now)."""
-    for family in _families(ips):
-        try:
-            if xtforward.present(family):
-                xtforward.delete(family, [ip for ip in ips if _family(ip) == family],
-                                 lambda ip: bool(forward.index_owners(ip)))
-        except (nft.NftError, xtforward.XtablesError, OSError) as e:
-            req.log(f"firewall: iptables FORWARD rules of {ips} not removed: {e}")
+def _release(req: Request, ips: list[str], tables: list[xtforward.Filter] | None = None
+             ) -> None:
+    """The iptables accepts of these addresses (in `tables`, else wherever the host has
+    iptables), and their index chains, where no attachment's index rule is left (another
+    attachment may have the address now)."""
+    try:
+        for where in xtforward.filters(_families(ips)) if tables is None else tables:
+            try:
+                xtforward.delete(where, _of(ips, where), lambda ip: bool(forward.index_owners(ip)))
+            except (nft.NftError, xtforward.XtablesError, OSError) as e:
+                req.log(f"firewall: iptables FORWARD rules of {ips} ({where.where}) not "
+                        f"removed: {e}")
+    except (nft.NftError, OSError) as e:
+        req.log(f"firewall: iptables FORWARD rules of {ips} not removed: {e}")
     _drop_empty_indexes(ips)
 
 
@@ -175,26 +181,48 @@ def check(req: Request) -> None:
     if not ips and bridge is None:
         return
     try:
-        why = forward.layout_present(forward.chain_rules(forward.FORWARD))
-        gone = forward.unrecorded(forward.read_record(record(req)), ips) \
-            if why is None and ips else None
-        if gone is not None:
-            why = f"{forward.FAMILY} {forward.TABLE}: no accept rules for {gone} ({owner(req)})"
-        if why is None and bridge is not None:
-            why = forward.isolation_missing(_stages(), bridge, conf.ingressPolicy == "isolated")
+        rec = forward.read_record(record(req))
+        tables = xtforward.filters(_families(ips))
+        # No record but iptables tables: an attachment the reference made (its iptables
+        # backend, before a swap); its accepts are in CNI-FORWARD alone, and its own CHECK looks
+        # at nothing else (not its isolation chains either).
+        why = None if rec is None and ips and tables else \
+            forward.layout_present(forward.chain_rules(forward.FORWARD))
+        if why is None and (rec is not None or not tables):
+            lost = forward.unrecorded(rec, ips) if ips else None
+            if lost is not None:
+                why = f"{forward.FAMILY} {forward.TABLE}: no accept rules for {lost} " \
+                      f"({owner(req)})"
+            if why is None and bridge is not None:
+                why = forward.isolation_missing(_stages(), bridge,
+                                                conf.ingressPolicy == "isolated")
     except nft.NftUnavailable as e:
         raise CNIError(Code.NOT_AVAILABLE, str(e)) from None
     if why is not None:
         raise CNIError(Code.INTERNAL, why)
     try:
-        for family in _families(ips):
-            if xtforward.present(family):
-                rule = xtforward.missing(family, [ip for ip in ips if _family(ip) == family],
-                                         admin_chain(conf))
-                if rule is not None:
-                    raise CNIError(Code.INTERNAL, f"expected iptables rule not found: {rule}")
+        gone = [(w, rule) for w in tables
+                if (rule := xtforward.missing(w, _of(ips, w), admin_chain(conf))) is not None]
     except (nft.NftError, xtforward.XtablesError, OSError) as e:
-        raise CNIError(Code.INTERNAL, f"iptables FORWARD: {e}") from None
+        raise _xtables_error(e, "iptables FORWARD") from None
+    # pycni writes each backend the host has; the reference only the one its `iptables` is (on
+    # a host with both, the other's tables lack its rules): one whole backend is its attachment
+    whole = {w.backend for w in tables} - {w.backend for w, _ in gone}
+    if gone and (rec is not None or not whole):
+        where, rule = gone[0]
+        raise CNIError(Code.INTERNAL, f"expected iptables rule not found ({where.where}): {rule}")
+
+
+def _xtables_error(e: Exception, what: str) -> CNIError:
+    """A table iptables-nft calls incompatible (nft-written rules it has no syntax for) is the
+    host's to fix, not a failure of ours: error 50, saying so."""
+    if isinstance(e, xtforward.XtablesIncompatible):
+        return CNIError(Code.NOT_AVAILABLE,
+                        f"{what}: iptables-nft cannot read the host's iptables filter table "
+                        f"(rules written there with nft that iptables has no syntax for), so "
+                        f"the pod's CNI-FORWARD accepts cannot go into it; move those rules to "
+                        f"a table of their own or rewrite them with iptables ({e})")
+    return CNIError(Code.INTERNAL, f"{what}: {e}")
 
 
 def status(req: Request) -> None:
@@ -268,6 +296,10 @@ def _family(ip: str) -> int:
 
 def _families(ips: list[str]) -> list[int]:
     return sorted({_family(ip) for ip in ips})
+
+
+def _of(ips: list[str], where: xtforward.Filter) -> list[str]:
+    return [ip for ip in ips if _family(ip) == where.family]
 
 
 def _listed() -> forward.Listing:

@@ -20,7 +20,7 @@ Differences from the reference, all deliberate:
   dataDir are refused (the reference hands them to the kernel, which wraps a negative txQLen
   to 4294967295);
 - dataDir and the sysctl allowlist must be root's alone (cni.plugins.tuning_backup,
-  tuning_conf.check_allowlist), else ADD is refused;
+  tuning_allowlist), else ADD is refused;
 - promisc is the interface's own IFF_PROMISC (what a user set), not the kernel's count of
   promiscuity holders (a packet socket or a bridge would make CHECK fail there).
 """
@@ -32,11 +32,12 @@ import errno
 
 from cni.host import links, netns, sysctl
 from cni.host.errors import NamespaceError, NamespaceMissing
+from cni.plugins import tuning_allowlist
 from cni.plugins import tuning_backup as backups
 from cni.plugins.tuning_backup import Backup, UnsafeDir
-from cni.plugins.tuning_conf import Settings, check_allowlist, data_dir_for_del, load
+from cni.plugins.tuning_conf import Settings, data_dir_for_del, load
 from cni.plugins.undo import Undo
-from cni.skel import Request, require_printable
+from cni.skel import Request, passes_through, require_printable
 from cni.spec.errors import CNIError, Code, invalid_config
 from cni.spec.result import Result
 
@@ -67,10 +68,10 @@ def with_mac(prev: Result, ifname: str, mac: str | None) -> Result:
 
 def add(req: Request) -> Result:
     settings = load(req)
-    check_allowlist(settings)
+    tuning_allowlist.check(settings)
     prev = _require_prev(req)
     result = with_mac(prev, req.ifname, settings.mac)
-    require_printable(result, req.version, passthrough=result is prev and req.prev_native)
+    require_printable(result, req.version, passthrough=passes_through(req, result))
     # Entered even with nothing to change: a CNI_NETNS that is no namespace is refused (4).
     with netns.entered(req.netns_target), netns.iproute() as ipr, Undo(req) as undo:
         link = None

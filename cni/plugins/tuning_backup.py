@@ -7,17 +7,22 @@ the order mac, promisc, mtu, allmulti, txQLen. Same name, same bytes: the refere
 from a file our ADD wrote and ours from one its ADD wrote (a binary swap under live pods).
 
 Root writes here, so the directory must be root's alone (a planted symlink or file would be
-followed or trusted): a dataDir that is not a directory owned by us and closed to others is
-refused; the file is written beside its final name and renamed into place (a crash leaves the
-old file or the new one, never half of one).
+followed or trusted): dataDir is walked from / without following a link, every component root's
+and closed to group and others (a root-owned sticky dir such as /tmp passes as an ancestor),
+missing ones made 0700 whatever the umask (cni.host.safedir); a dataDir that fails is refused
+and nothing is written. The file is made, renamed and unlinked relative to the dir's fd, written
+beside its final name and renamed into place (a crash leaves the old file or the new one, never
+half of one).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import stat
 from typing import Any, NamedTuple
+
+from cni.host import safedir
+from cni.host.safedir import UnsafeDir
 
 DEFAULT_DATA_DIR = "/run/cni/tuning"
 
@@ -76,62 +81,69 @@ class Backup(NamedTuple):
 
 def path(data_dir: str, container_id: str, ifname: str) -> str:
     """skel has refused a container ID or ifname that could leave the directory ('/', '..')."""
-    return os.path.join(data_dir, f"{container_id}_{ifname}.json")
+    return os.path.join(data_dir, _name(container_id, ifname))
 
 
-class UnsafeDir(Exception):
-    """dataDir is not a directory only root can write."""
-
-
-def _check_dir(data_dir: str) -> None:
-    st = os.lstat(data_dir)
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafeDir("not a directory")
-    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise UnsafeDir(f"owner uid {st.st_uid}, mode {oct(st.st_mode & 0o777)}: "
-                        "writable by others than root")
+def _name(container_id: str, ifname: str) -> str:
+    return f"{container_id}_{ifname}.json"
 
 
 def save(data_dir: str, container_id: str, ifname: str, backup: Backup) -> None:
     """Write the file (replacing one there); OSError or UnsafeDir if it cannot."""
-    os.makedirs(data_dir, mode=0o700, exist_ok=True)
-    _check_dir(data_dir)
     write_raw(data_dir, container_id, ifname, backup.to_json())
 
 
 def read_raw(data_dir: str, container_id: str, ifname: str) -> str | None:
-    """The file's text, None if there is none (or it is not ours to trust: see _check_dir)."""
+    """The file's text, None if there is none (or it is not ours to trust: cni.host.safedir)."""
     try:
-        _check_dir(data_dir)
-        fd = os.open(path(data_dir, container_id, ifname),
-                     os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        dir_fd = safedir.open_dir(data_dir, create=False)
     except (OSError, UnsafeDir):
         return None
+    try:
+        fd = os.open(_name(container_id, ifname), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+    except OSError:
+        return None
+    finally:
+        os.close(dir_fd)
     with open(fd, encoding="utf-8", errors="replace") as f:
         return f.read()
 
 
 def write_raw(data_dir: str, container_id: str, ifname: str, text: str) -> None:
-    """Write the file's text beside it and rename it into place."""
-    final = path(data_dir, container_id, ifname)
-    tmp = os.path.join(data_dir, f".{container_id}_{ifname}.json.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
+    """Write the file's text beside it and rename it into place, in the dir walked and opened
+    (missing components made 0700)."""
+    final = _name(container_id, ifname)
+    tmp = f".{final}.tmp{os.getpid()}"
+    dir_fd = safedir.open_dir(data_dir, create=True)
     try:
-        with open(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, final)
-    except BaseException:
-        _unlink(tmp)
-        raise
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=dir_fd)
+        try:
+            with open(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            _unlink(dir_fd, tmp)
+            raise
+    finally:
+        os.close(dir_fd)
 
 
 def remove(data_dir: str, container_id: str, ifname: str) -> None:
-    _unlink(path(data_dir, container_id, ifname))
-
-
-def _unlink(name: str) -> None:
+    """Unlink the file; nothing if the dir is missing or not ours to trust."""
     try:
-        os.unlink(name)
+        dir_fd = safedir.open_dir(data_dir, create=False)
+    except (OSError, UnsafeDir):
+        return
+    try:
+        _unlink(dir_fd, _name(container_id, ifname))
+    finally:
+        os.close(dir_fd)
+
+
+def _unlink(dir_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass

@@ -9,8 +9,9 @@ reference's `IgnoreUnknown`), runtimeConfig `mac` (capability `mac`), then the c
 sysctl keys, as the reference's getSysctlFilename: dots become slashes, the first `IFNAME`
 becomes CNI_IFNAME, the path is cleaned under /proc/sys and must stay under /proc/sys/net/ (the
 plugin writes it inside the pod's network namespace, where /proc/sys/net is that namespace's
-own). With /etc/cni/tuning/allowlist.conf present, ADD takes only keys one of its lines (a
-regular expression, unanchored) matches. A key given twice in `sysctl` is refused.
+own). With /etc/cni/tuning/allowlist.conf present, ADD takes only keys one of its lines (RE2, as
+Go's regexp, unanchored) matches: cni.plugins.tuning_allowlist. A key given twice in `sysctl`
+is refused.
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ from cni.plugins.tuning_backup import DEFAULT_DATA_DIR
 from cni.skel import Request
 from cni.spec import keys, names
 from cni.spec.config import Field, Model, PluginConf, StrictBool, StrictInt, StrictStr, parse
-from cni.spec.errors import CNIError, Code, invalid_config
+from cni.spec.errors import CNIError, invalid_config
 
-ALLOWLIST = "/etc/cni/tuning/allowlist.conf"
 SYSCTL_ROOT = "/proc/sys"
 NET_ROOT = "/proc/sys/net/"
 _HEX = "[0-9a-fA-F]"
@@ -180,37 +180,6 @@ def sysctl_path(where: str, key: str, value: str, ifname: str) -> str:
         raise invalid_config(where, value, f"not a network sysctl: {path} is outside "
                              f"{NET_ROOT} (keys are per pod network namespace only)")
     return path
-
-
-def check_allowlist(settings: Settings) -> None:
-    """ADD only, as the reference: with the admin's allowlist present, every key must match
-    one of its lines (a regular expression, matched anywhere in the key as written)."""
-    allowlist = ALLOWLIST
-    try:
-        with open(allowlist, encoding="utf-8") as f:
-            # root trusts only root: a list others can write would widen what ADD takes
-            for st in (os.fstat(f.fileno()), os.stat(os.path.dirname(allowlist))):
-                if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-                    raise CNIError(Code.INVALID_CONFIG, f"sysctl allowlist {allowlist}: it or "
-                                   "its directory is writable by others than root: not used "
-                                   "(ADD refused)")
-            lines = [line.strip() for line in f.read().split("\n")]
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        raise CNIError(Code.IO_FAILURE, f"sysctl allowlist {allowlist}: {e.strerror}") from None
-    patterns = []
-    for line in filter(None, lines):
-        try:
-            patterns.append(re.compile(line))
-        except re.error as e:
-            raise CNIError(Code.INVALID_CONFIG,
-                           f"sysctl allowlist {allowlist}: bad pattern {line!r}: {e}") from None
-    for item in settings.sysctls:
-        if not any(p.search(item.key) for p in patterns):
-            raise invalid_config(f"sysctl.{item.key}", item.value,
-                                 f"sysctl {item.key} is not allowed by {allowlist}: "
-                                 f"only keys matching {[p.pattern for p in patterns]}")
 
 
 class _Pairs(list):

@@ -443,7 +443,7 @@ def test_non_root_peer_is_refused_even_through_an_open_socket(host: Netns,
         assert out != "EACCES", "the test could not reach the opened socket"
         data = bytes.fromhex(out)
         assert not data.startswith(proto.ACK), "a non-root peer got a request run"
-        assert data.startswith(proto.REPLY) and b"root only" in data, data[:200]
+        assert data.startswith(proto.DENIED + proto.REPLY) and b"not root" in data, data[:200]
         with _connect(d.socket) as s:  # root still gets served
             s.sendall(_request())
             acked, code, out_b = _reply(s)

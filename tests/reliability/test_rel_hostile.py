@@ -102,7 +102,7 @@ PLUGIN_KEYS = {
     "bridge": ["bridge", "isGateway", "isDefaultGateway", "forceAddress", "ipMasq",
                "ipMasqBackend", "mtu", "hairpinMode", "promiscMode", "vlan", "vlanTrunk",
                "preserveDefaultVlan", "macspoofchk", "enabledad", "disableContainerInterface",
-               "portIsolation", "ipam", "dns", "args"],
+               "portIsolation", "nonMasqueradeCIDRs", "ipam", "dns", "args"],
     "portmap": ["backend", "snat", "masqAll", "markMasqBit", "externalSetMarkChain",
                 "conditionsV4", "conditionsV6"],
     "bandwidth": ["ingressRate", "ingressBurst", "egressRate", "egressBurst"],
