@@ -169,7 +169,11 @@ func receive(conn *net.UnixConn, stdin []byte) (*reply, notRun) {
 	case first[0] == replyByte:
 		return nil, refusal(conn)
 	}
-	_ = conn.SetReadDeadline(time.Time{}) // accepted: the daemon's own timeout bounds the run
+	if first[0] == deniedByte { // nothing ran, and the REPLY that follows is the answer
+		_ = conn.SetReadDeadline(time.Now().Add(acceptTimeout))
+	} else {
+		_ = conn.SetReadDeadline(time.Time{}) // accepted: the daemon's timeout bounds the run
+	}
 	head, err := readExact(conn, replyPrefix)
 	if err != nil {
 		return lost(stdin, "the pycni daemon stopped while running the request"), ""

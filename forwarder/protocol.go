@@ -4,7 +4,8 @@ package main
 // connection, MAGIC, a big-endian header (!IIIBI: plugin, env, stdin lengths, fd roles, umask),
 // then the plugin name, the env block ("K=V\0"...) and stdin; the daemon answers an ACK byte
 // once a child committed to running it, then a REPLY: "R", !iII (exit code, stdout and stderr
-// lengths) and the bytes. A REPLY without an ACK is a refusal: nothing ran.
+// lengths) and the bytes. A REPLY without an ACK is a refusal: nothing ran. DENIED then a REPLY
+// is a refusal that is the caller's answer: relayed, never run here or retried.
 
 import (
 	"encoding/binary"
@@ -15,6 +16,7 @@ import (
 const (
 	magic        = "PYCNI\x01"
 	ackByte      = 'A'
+	deniedByte   = 'D' // a caller the daemon will not serve (peercaps.py): its REPLY relayed
 	replyByte    = 'R'
 	replyPrefix  = 1 + 12 // "R" + !iII
 	roleNetns    = 1      // the container's namespace (CNI_NETNS opened here)

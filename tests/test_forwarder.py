@@ -224,8 +224,9 @@ def test_daemon_up(kinds, host, pod, start_daemon, fallback) -> None:  # noqa: F
 
 class Fake(threading.Thread):
     """A root listener on `path` acting a daemon's failure: 'refuse' (a REPLY without ACK),
-    'close' (hang up before the ACK: a stopping daemon), 'ack-close' (ACK, then die: killed
-    mid-verb), 'ack-cut' (ACK and half a reply)."""
+    'deny' (DENIED and a REPLY: a caller it will not serve, peercaps.py), 'close' (hang up
+    before the ACK: a stopping daemon), 'ack-close' (ACK, then die: killed mid-verb), 'ack-cut'
+    (ACK and half a reply)."""
 
     def __init__(self, path: Path, how: str) -> None:
         super().__init__(daemon=True)
@@ -251,6 +252,9 @@ class Fake(threading.Thread):
                 if self.how == "refuse":
                     conn.sendall(proto.encode_reply(1, proto.error_reply(
                         proto.IO_FAILURE, "the pycni daemon is busy \u00e9", b""), b""))
+                elif self.how == "deny":
+                    conn.sendall(proto.DENIED + proto.encode_reply(1, proto.error_reply(
+                        proto.INTERNAL, "pycni daemon: caller may not run plugins", b""), b""))
                 elif self.how == "ack-close":
                     conn.sendall(proto.ACK)
                 elif self.how == "ack-cut":
@@ -266,7 +270,7 @@ class Fake(threading.Thread):
         return self
 
 
-@pytest.mark.parametrize("how", ["refuse", "close", "ack-close", "ack-cut"])
+@pytest.mark.parametrize("how", ["refuse", "deny", "close", "ack-close", "ack-cut"])
 @pytest.mark.parametrize("fallback", [True, False], ids=["fallback", "no-fallback"])
 def test_a_daemon_that_fails(kinds, host, pod, tmp_path, how, fallback) -> None:
     path = tmp_path / "fake.sock"
