@@ -40,10 +40,17 @@ from cni import install as inst
 @click.option("--containerd-template", type=click.Path(path_type=Path), default=None,
               metavar="PATH", help="Write containerd's CNI conf_template here, with the "
               "--cluster-cidr values, instead of a conflist.")
+@click.option("--forwarder", "use_forwarder", is_flag=True,
+              help="Link the plugin names to pycni-forwarder (a static binary, docs/DESIGN.md) "
+                   "instead of the Python executable; without it, an install links them back.")
+@click.option("--forwarder-binary", type=click.Path(path_type=Path), default=None,
+              help="The forwarder to install [default: pycni-forwarder beside the venv's "
+                   "python, else the checkout's build/forwarder/pycni-forwarder].")
 def install(bin_dir: Path, conf_dir: Path, conflist: str, cni_version: str | None, force: bool,
             no_compile: bool, no_systemd: bool, systemd_dir: Path | None,
             pod_cidrs: tuple[str, ...], cluster_cidrs: tuple[str, ...],
-            containerd_template: Path | None) -> None:
+            containerd_template: Path | None, use_forwarder: bool,
+            forwarder_binary: Path | None) -> None:
     """Install the plugins into BIN_DIR and a conflist into CONF_DIR; on a systemd host, also
     pycni.socket and pycni.service, with the socket enabled (the daemon starts on first use)."""
     try:
@@ -52,11 +59,14 @@ def install(bin_dir: Path, conf_dir: Path, conflist: str, cni_version: str | Non
     except inst.InstallError as e:
         raise click.UsageError(str(e)) from None
     units = inst.systemd_dir(systemd_dir, enabled=not no_systemd)
+    use_forwarder = use_forwarder or forwarder_binary is not None
     _report("install", lambda: inst.install(bin_dir, conf_dir, conflist or None, force=force,
                                             cni_version=cni_version,
                                             compile_bytecode=not no_compile, units_dir=units,
                                             pod_cidrs=pod_cidrs, cluster_cidrs=cluster_cidrs,
-                                            containerd_template=containerd_template))
+                                            containerd_template=containerd_template,
+                                            use_forwarder=use_forwarder,
+                                            forwarder_binary=forwarder_binary))
 
 
 @click.command()
