@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-py lint bench reliability install clean vm-test vm-clean \
+.PHONY: setup demo test test-py lint bench reliability install clean vm-test vm-clean image \
 	vagrant-box vagrant-test
 
 setup:
@@ -53,3 +53,8 @@ install: setup
 
 clean:
 	rm -rf .venv build dist *.egg-info
+
+# pycni's node-agent image (integration/image.py): mmdebstrap rootfs + the wheel, committed with
+# buildah to build/image/pycni.oci.tar, offline; rebuilt only when its inputs changed.
+image: setup
+	$(PY) integration/image.py
