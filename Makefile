@@ -3,6 +3,7 @@ PY := .venv/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test test-py lint bench reliability install clean vm-test vm-clean image \
+	forwarder forwarder-check \
 	vagrant-box vagrant-test
 
 setup:
@@ -11,8 +12,18 @@ setup:
 demo: setup
 	$(PY) -m cni.cli demo
 
-test: setup
+test: setup forwarder-check forwarder
 	./scripts/test.sh $(PYTEST_ARGS)
+
+# The static forwarder (forwarder/, docs/DESIGN.md "The forwarder"): Go's standard library only,
+# no module proxy, the build cache in build/ (a fresh clone builds it; golang-go from setup.sh).
+GO := CGO_ENABLED=0 GOPROXY=off GOFLAGS= GOTOOLCHAIN=local \
+	GOCACHE=$(CURDIR)/build/go-cache GOPATH=$(CURDIR)/build/gopath go
+forwarder:
+	cd forwarder && $(GO) build -trimpath -ldflags='-s -w' -o $(CURDIR)/build/forwarder/pycni-forwarder .
+
+forwarder-check:
+	cd forwarder && $(GO) vet ./... && $(GO) test ./...
 
 # The unit tests and the wheel test under another interpreter, in build/py<X.Y> (CI: 3.12, 3.13):
 # make test-py PYTHON=/root/.pyenv/versions/3.13.0/bin/python3.13

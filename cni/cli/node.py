@@ -32,14 +32,24 @@ from cni import install as inst
 @click.option("--systemd-dir", type=click.Path(path_type=Path), default=None,
               help="Install the units here and enable them even if systemd is not detected "
                    "[default: /etc/systemd/system on a systemd host, else none].")
+@click.option("--forwarder", "use_forwarder", is_flag=True,
+              help="Link the plugin names to pycni-forwarder (a static binary, docs/DESIGN.md) "
+                   "instead of the Python executable; without it, an install links them back.")
+@click.option("--forwarder-binary", type=click.Path(path_type=Path), default=None,
+              help="The forwarder to install [default: pycni-forwarder beside the venv's "
+                   "python, else the checkout's build/forwarder/pycni-forwarder].")
 def install(bin_dir: Path, conf_dir: Path, conflist: str, cni_version: str | None, force: bool,
-            no_compile: bool, no_systemd: bool, systemd_dir: Path | None) -> None:
+            no_compile: bool, no_systemd: bool, systemd_dir: Path | None, use_forwarder: bool,
+            forwarder_binary: Path | None) -> None:
     """Install the plugins into BIN_DIR and a conflist into CONF_DIR; on a systemd host, also
     pycni.socket and pycni.service, with the socket enabled (the daemon starts on first use)."""
     units = inst.systemd_dir(systemd_dir, enabled=not no_systemd)
+    use_forwarder = use_forwarder or forwarder_binary is not None
     _report("install", lambda: inst.install(bin_dir, conf_dir, conflist or None, force=force,
                                             cni_version=cni_version,
-                                            compile_bytecode=not no_compile, units_dir=units))
+                                            compile_bytecode=not no_compile, units_dir=units,
+                                            use_forwarder=use_forwarder,
+                                            forwarder_binary=forwarder_binary))
 
 
 @click.command()

@@ -50,7 +50,8 @@ NotRun = str  # why the daemon did not take a request (nothing ran): for no_daem
 Installed = dict[str, tuple[str, str]]  # the executable's entry-point plugins (registry.INSTALLED)
 
 
-def main(argv0: str, installed: Installed | None = None) -> int:
+def main(argv0: str, installed: Installed | None = None, daemon: bool = True) -> int:
+    """daemon False: pycni-forwarder's in-process path (it asked the daemon already)."""
     plugin = argv0.rpartition("/")[2]  # os.path.basename
     command = getenv("CNI_COMMAND")
     stdin = read_stdin()
@@ -60,7 +61,7 @@ def main(argv0: str, installed: Installed | None = None) -> int:
         reply = None if out is None else (out, b"", 0)
     elif command == "DEL" and not getenv("CNI_NETNS") and _already_clean(plugin):
         reply = (b"", b"", 0)  # containerd's second DEL: skel.run would answer the same
-    elif command in DAEMON_COMMANDS and len(stdin) <= MAX_STDIN:
+    elif daemon and command in DAEMON_COMMANDS and len(stdin) <= MAX_STDIN:
         from cni.fast import protocol as proto  # off VERSION's path: it loads _struct
 
         path = getenv(proto.SOCKET_ENV) or proto.DEFAULT_SOCKET

@@ -30,7 +30,7 @@ import os
 from pathlib import Path
 
 from cni import __version__, registry
-from cni.install import copies, entrypoints, files, inuse, lock, render, trust, units
+from cni.install import copies, entrypoints, files, forwarder, inuse, lock, render, trust, units
 from cni.install.errors import (
     BACKUPS,
     DEFAULT_BIN,
@@ -71,14 +71,21 @@ def plan(bin_dir: Path, conf_dir: Path | None, conflist: str | None,
          cni_version: str | None = None, python: Path | None = None,
          units_dir: Path | None = None, root: Path = ROOT,
          sites: list[str] | None = None,
-         plugins: dict[str, tuple[str, str]] | None = None) -> list[Planned]:
+         plugins: dict[str, tuple[str, str]] | None = None,
+         forwarder_binary: bytes | None = None) -> list[Planned]:
     """What install writes; `plugins`, the entry-point plugins (entrypoints.plugin_table), are
-    linked too."""
+    linked too; to the forwarder (with its table) when its binary is given (forwarder.py)."""
     python = python or venv_python()
     plugins = plugins or {}
     items = [Planned(bin_dir / MULTICALL, "file",
                      render_multicall(python, root, sites=sites, plugins=plugins))]
-    items += [Planned(bin_dir / name, "symlink", target=MULTICALL)
+    target = MULTICALL
+    if forwarder_binary is not None:
+        target = forwarder.FORWARDER
+        items += [Planned(bin_dir / forwarder.FORWARDER, "file", forwarder_binary),
+                  Planned(bin_dir / forwarder.TABLE, "file", forwarder.table(bin_dir, plugins),
+                          mode=0o644)]
+    items += [Planned(bin_dir / name, "symlink", target=target)
               for name in (*registry.NAMES, *sorted(plugins))]
     if conf_dir is not None and conflist:
         name, raw = render.conflist_source(conflist)
@@ -118,11 +125,13 @@ def check_trust(bin_dir: Path, conf_dir: Path | None, units_dir: Path | None,
 def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
             conflist: str | None = DEFAULT_CONFLIST, *, force: bool = False,
             cni_version: str | None = None, compile_bytecode: bool = True,
-            units_dir: Path | None = None) -> list[str]:
+            units_dir: Path | None = None, use_forwarder: bool = False,
+            forwarder_binary: Path | None = None) -> list[str]:
     """Install; returns human-readable lines of what was done. Refuses (changing nothing) when a
     path it would read or write is not root's alone (trust.py), or a different file is in the
     way, unless force (which keeps the old one as a backup). With units_dir (see systemd_dir) the
-    daemon's units go there and the socket is enabled."""
+    daemon's units go there and the socket is enabled. use_forwarder: the plugin names link to
+    pycni-forwarder (forwarder_binary, else found as forwarder.find_binary says)."""
     bin_dir, conf_dir = bin_dir.absolute(), conf_dir.absolute() if conf_dir else None
     python = venv_python()
     check_interpreter(python, units_dir)
@@ -131,8 +140,14 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
     # Installed from a wheel, the executables run a copy pip never changes (copies.py).
     lib = copies.path_for(bin_dir, PACKAGE, __version__) if in_site(ROOT, sites) else None
     table, skipped = entrypoints.plugin_table()  # imported from the sites just checked
+    binary = None
+    if use_forwarder:
+        binary = trust.read_file(forwarder.find_binary(forwarder_binary, python),
+                                 "forwarder binary")
+    if not force:
+        _refuse_mixed(bin_dir, table)
     items = plan(bin_dir, conf_dir, conflist, cni_version, python, units_dir,
-                 root=lib or ROOT, sites=sites, plugins=table)
+                 root=lib or ROOT, sites=sites, plugins=table, forwarder_binary=binary)
     _conflicts(bin_dir, items, force)  # refused before anything is written
     created = []
     for d in filter(None, (bin_dir, conf_dir, units_dir)):
@@ -141,6 +156,12 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
         done = _install_locked(bin_dir, items, _conflicts(bin_dir, items, force), created,
                                lib, python, compile_bytecode, units_dir, table)
     return [f"skipped plugin {name}: {why}" for name, why in sorted(skipped.items())] + done
+
+
+def _refuse_mixed(bin_dir: Path, table: dict[str, tuple[str, str]]) -> None:
+    old = Manifest.load(bin_dir)
+    recorded = {e.path: e.target for e in old.entries if e.kind == "symlink"} if old else {}
+    forwarder.refuse_mixed(bin_dir, [*registry.NAMES, *sorted(table)], recorded)
 
 
 def _conflicts(bin_dir: Path, items: list[Planned], force: bool) -> list[Path]:
@@ -161,6 +182,7 @@ def _install_locked(bin_dir: Path, items: list[Planned], conflicts: list[Path],
     manifest = Manifest.load(bin_dir) or Manifest(bin_dir=str(bin_dir))
     manifest.root, manifest.python = str(ROOT), str(python)
     manifest.plugins = {name: target for name, (target, _) in plugins.items()}
+    manifest.forwarder = any(it.path.name == forwarder.FORWARDER for it in items)
     manifest.created_dirs += created
     done = []
     if lib is not None:
@@ -207,15 +229,20 @@ def _install_locked(bin_dir: Path, items: list[Planned], conflicts: list[Path],
 
 
 def _unlink_dropped(manifest: Manifest, planned: set[str]) -> list[str]:
-    """A plugin name an earlier install linked and this one does not (its package is gone):
-    removed, as uninstall would (what was there before it restored)."""
+    """A plugin name an earlier install linked and this one does not (its package is gone), or
+    the forwarder's files when the names link to the Python executable again: removed, as
+    uninstall would (what was there before it restored)."""
     done = []
-    for e in [e for e in manifest.entries if e.kind == "symlink" and e.target == MULTICALL
-              and e.path not in planned]:
+    ours = (MULTICALL, forwarder.FORWARDER)
+    for e in [e for e in manifest.entries if e.path not in planned and (
+            (e.kind == "symlink" and e.target in ours)
+            or (e.kind == "file" and Path(e.path).parent == Path(manifest.bin_dir)
+                and Path(e.path).name in (forwarder.FORWARDER, forwarder.TABLE)))]:
         path = Path(e.path)
         if e.matches_disk():
             path.unlink()
-            done.append(f"removed {path} (no such plugin any more)")
+            done.append(f"removed {path} (" + ("no such plugin any more" if e.kind == "symlink"
+                                               else "the plugins run pycni-plugin now") + ")")
             if e.backup and Path(e.backup).exists():
                 os.replace(e.backup, path)
         manifest.entries.remove(e)

@@ -50,6 +50,7 @@ class Manifest:
     systemd: bool = False  # units were installed and enabled: uninstall disables them
     lib: str = ""  # the copy of the package the executables run (copies), if installed
     plugins: dict[str, str] = field(default_factory=dict)  # entry-point plugins linked: target
+    forwarder: bool = False  # the names link to pycni-forwarder (cni/install/forwarder.py)
 
     @classmethod
     def load(cls, bin_dir: Path) -> Manifest | None:
@@ -61,12 +62,14 @@ class Manifest:
                    entries=[Entry(**e) for e in raw.get("entries", [])],
                    created_dirs=list(raw.get("created_dirs", [])),
                    systemd=bool(raw.get("systemd", False)), lib=raw.get("lib", ""),
-                   plugins=dict(raw.get("plugins", {})))
+                   plugins=dict(raw.get("plugins", {})),
+                   forwarder=bool(raw.get("forwarder", False)))
 
     def save(self) -> None:
         data = {"bin_dir": self.bin_dir, "root": self.root, "python": self.python,
                 "entries": [vars(e) for e in self.entries], "created_dirs": self.created_dirs,
-                "systemd": self.systemd, "lib": self.lib, "plugins": self.plugins}
+                "systemd": self.systemd, "lib": self.lib, "plugins": self.plugins,
+                "forwarder": self.forwarder}
         files.atomic_write(Path(self.bin_dir) / MANIFEST,
                            json.dumps(data, indent=2).encode() + b"\n", 0o644)
 
@@ -94,4 +97,5 @@ class Planned:
 def describe(manifest: Manifest) -> dict[str, Any]:
     """The manifest as `pycni doctor` shows it."""
     return {"root": manifest.root, "python": manifest.python,
-            "files": [e.path for e in manifest.entries], "plugins": manifest.plugins}
+            "files": [e.path for e in manifest.entries], "plugins": manifest.plugins,
+            "forwarder": manifest.forwarder}

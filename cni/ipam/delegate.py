@@ -23,6 +23,9 @@ from cni.spec.errors import CNIError, Code
 from cni.spec.result import Result
 
 MARKER = b"pycni-multicall"
+# `pycni install --forwarder`'s binary (forwarder/): it relays to this daemon, so the IPAM
+# plugin it stands for runs in-process as the multi-call's would; known by its name.
+FORWARDER = "pycni-forwarder"
 # A checkout's bin/cni-plugin, known by its path without a read; installed copies (and this path
 # under site-packages, where no such file is) are known by their marker.
 _MULTICALL = (Path(__file__).resolve().parent.parent.parent / "bin" / "cni-plugin").resolve()
@@ -117,7 +120,8 @@ def _is_ours_at(executable: str, link: tuple[int, ...], target: tuple[int, ...])
 
 def _is_ours(executable: str) -> bool:
     try:
-        if Path(executable).resolve() == _MULTICALL:
+        real = Path(executable).resolve()
+        if real == _MULTICALL or real.name == FORWARDER:
             return True
         with open(executable, "rb") as f:
             return MARKER in f.read(1024)

@@ -1,0 +1,3 @@
+module pycni/forwarder
+
+go 1.19
