@@ -67,5 +67,5 @@ clean:
 
 # pycni's node-agent image (integration/image.py): mmdebstrap rootfs + the wheel, committed with
 # buildah to build/image/pycni.oci.tar, offline; rebuilt only when its inputs changed.
-image: setup
+image: setup forwarder
 	$(PY) integration/image.py
