@@ -2,7 +2,7 @@
 
 The pod template is translated into the CRI calls kubelet makes for it: RunPodSandbox with the
 node's network and PID namespaces (hostNetwork, hostPID) and privileged; each init container
-created, started and run to completion, then the main container; env from the downward API;
+created, started and run to completion, then the main container;
 volumes as kubelet mounts them (hostPath: the node's dirs, here the test node's; the ConfigMap:
 kubelet's atomic-writer dir, a subPath bind-mounting the file); the readiness probe through
 ExecSync. The image is `make image`'s (integration/image.py, built once, cached in build/image).
@@ -48,7 +48,6 @@ from crinode import (
 
 pytestmark = pytest.mark.root
 MANIFEST = ROOT / "deploy" / "pycni.yaml"
-NODE_NAME = "pycni-node"  # the downward API's spec.nodeName
 CONFLIST = "10-pycni.conflist"
 
 
@@ -84,12 +83,6 @@ def configmap_volume(dest: Path, data: dict[str, str]) -> Path:
         (dest / name).symlink_to(f"..data/{name}")
     (dest / "..data").symlink_to(stamp.name)
     return dest
-
-
-def downward(env: dict[str, Any]) -> str:
-    ref = env["valueFrom"]["fieldRef"]["fieldPath"]
-    assert ref == "spec.nodeName", ref  # the only field the manifest uses
-    return NODE_NAME
 
 
 class DaemonSetPod:
@@ -129,7 +122,7 @@ class DaemonSetPod:
                           m.get("mountPropagation") == "HostToContainer")
 
     def start(self, c: dict[str, Any]) -> str:
-        env = {e["name"]: e["value"] if "value" in e else downward(e) for e in c.get("env", [])}
+        env = {e["name"]: e["value"] for e in c.get("env", [])}  # (no downward API in it)
         return self.n.cri.create_start(
             self.pod, c["name"], self.image or c["image"], c.get("command", []),
             c.get("args", []), env=env, mounts=[self.mount(m) for m in c["volumeMounts"]],
@@ -324,3 +317,90 @@ def test_rolling_update_and_a_node_without_the_daemonset_pod(node_netns, oci_ima
         back.wait_ready()
         web_pod_cycle(n, conf, tmp_path / "back")
         back.remove()
+
+
+def pod_of_template(template: dict[str, Any], name: str) -> dict[str, Any]:
+    """The DaemonSet's pod template as a Pod: Debian 12's podman 4.3 plays Pods and
+    Deployments, not DaemonSets (`podman kube play --help`: "Supported kinds are Pods,
+    Deployments and PersistentVolumeClaims")."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {**template["metadata"], "name": name, "namespace": "pycni-system"},
+            "spec": template["spec"]}
+
+
+def test_podman_kube_play_of_the_pod_template(node_netns, pause_image, pycni_image,
+                                              tmp_path) -> None:
+    """`podman kube play` of the template (hostPaths on the node's dirs: its mount namespace
+    has the test's own /opt/cni/bin, /etc/cni/net.d, /var/lib/cni, and /run/pycni, /run/netns
+    are the test run's tmpfs): the install lands, the daemon in the container serves an
+    ADD, CHECK and DEL of a netns through the forwarder, nothing left."""
+    from clients import PAUSE_IMAGE, VENV_PY, Node, Podman, cleanup, leftovers
+    from cnitest import delete_netns, new_netns
+
+    need("podman", "nsenter", "unshare")
+    docs = manifest()
+    conf = json.loads(docs["ConfigMap"]["data"][CONFLIST])
+    bin_dir, conf_dir, state = (tmp_path / "opt-cni-bin", tmp_path / "etc-cni-net.d",
+                                tmp_path / "var-lib-cni")
+    for d in (bin_dir, conf_dir):
+        d.mkdir()
+    pod_yaml = pod_of_template(docs["DaemonSet"]["spec"]["template"], "pycni-node-agent")
+    # podman 4.3 mounts a ConfigMap volume as a directory even with a subPath (install then
+    # reads a directory: "Is a directory"): the volume becomes the hostPath of the file the
+    # subPath names, which is what kubelet bind-mounts for it
+    conflist = tmp_path / "configmap" / CONFLIST
+    conflist.parent.mkdir()
+    conflist.write_text(docs["ConfigMap"]["data"][CONFLIST])
+    volumes = pod_yaml["spec"]["volumes"]
+    [config] = [v for v in volumes if "configMap" in v]
+    volumes[volumes.index(config)] = {"name": config["name"],
+                                      "hostPath": {"path": str(conflist), "type": "File"}}
+    for c in pod_yaml["spec"]["initContainers"]:
+        for m in c["volumeMounts"]:
+            if m["name"] == config["name"]:
+                assert m.pop("subPath") == CONFLIST
+    # podman's "once" init containers are removed after their run, and 4.3 tries that while
+    # the container is still marked running ("cannot remove container ... as it is running"):
+    # "always" keeps them (run at every pod start, as kubelet runs them)
+    pod_yaml["metadata"]["annotations"] = {"io.podman.annotations.init.container.type":
+                                           "always"}
+    kube = tmp_path / "pycni-pod.yaml"
+    kube.write_text(yaml.safe_dump(pod_yaml))
+    pod = new_netns("pycni-kpod")  # before the node: its mount namespace gets the bind mount
+    node = Node(node_netns.name, bin_dir=bin_dir, conf_dir=conf_dir, state_dir=state)
+    with cleanup(lambda: delete_netns(pod), node.stop):
+        podman = Podman(node, tmp_path / "podman", bin_dir, conf_dir)
+        # the pod's infra container: our offline pause image (podman would build its own
+        # from catatonit, which Debian's podman does not depend on)
+        podman.conf.write_text(podman.conf.read_text().replace(
+            "[engine]\n", f'[engine]\ninfra_image = "{PAUSE_IMAGE}"\n'))
+        with cleanup(podman.stop):
+            for archive in (pause_image, pycni_image):
+                podman.run("load", "-q", "-i", str(archive), timeout=600)
+            played = podman.run("kube", "play", str(kube), check=False, timeout=600)
+            if played.returncode != 0:
+                logs = [podman.run("logs", cid, check=False).stderr
+                        for cid in podman.run("ps", "-aq", check=False).stdout.split()]
+                pytest.fail(f"podman kube play: {played.stderr}{played.stdout}\n{logs}")
+            forwarder = bin_dir / "pycni-forwarder"
+            assert forwarder.read_bytes() == __import__("image").FORWARDER.read_bytes()
+            assert os.readlink(bin_dir / "bridge") == "pycni-forwarder"
+            assert json.loads((conf_dir / CONFLIST).read_text()) == conf
+            def answered() -> int | None:  # the daemon's own count, on the node's socket
+                out = node.run(str(VENV_PY), "-c", "import json; from cni.fast import status; "
+                               "print(json.dumps(status.query('/run/pycni/pycni.sock')))",
+                               check=False, cwd=ROOT).stdout
+                figures = json.loads(out or "null")
+                return None if figures is None else figures["answered"]
+
+            wait_for("the daemon in the played pod", lambda: answered() is not None,
+                     timeout=300, interval=1)
+            env = {"NETCONFPATH": str(conf_dir), "CNI_PATH": str(bin_dir),
+                   "CNI_CONTAINERID": "kubeplay1"}
+            for verb in ("add", "check", "del"):
+                proc = node.run(str(VENV_PY), "-m", "cni.cli", verb, conf["name"],
+                                pod.path, check=False, env=env, cwd=ROOT)
+                assert proc.returncode == 0, (verb, proc.stdout, proc.stderr)
+            assert answered() >= 9  # three plugins, three verbs: the container's daemon ran them
+            assert leftovers(node_netns.ip, state, conf["name"], ["kubeplay1"]) == []
+            podman.run("kube", "down", str(kube), check=False, timeout=300)
