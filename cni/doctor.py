@@ -363,6 +363,7 @@ def install_findings(bin_dir: Path, conf_dir: Path) -> list[Finding]:
                                "pycni install --force"))
         else:
             copy = f", the package from {manifest.lib}" if manifest.lib else ""
+            copy += ", the names linked to pycni-forwarder" if manifest.forwarder else ""
             out.append(Finding(OK, f"install in {bin_dir}", f"runs {manifest.python}{copy}"))
     out += _conflist_findings(bin_dir, conf_dir)
     return out

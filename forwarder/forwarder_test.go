@@ -79,11 +79,21 @@ func TestConfigVersionIsProtocolsConfigVersion(t *testing.T) {
 		`{"cniVersion":"9.9"}`: "9.9", "\xef\xbb\xbf{\"cniVersion\":\"0.3.1\"}": "0.3.1",
 		`{"cniVersion":"0.3.1"} x`: "1.1.0", `{"cniVersion":"0.3.1","cniVersion":"1.0.0"}`: "1.0.0",
 		`{"cniVersion":null}`: "0.1.0", `{"a":1e999,"cniVersion":"0.2.0"}`: "0.2.0",
-		"{\"cniVersion\":\"0.3.1\",\"x\":\"\xff\"}": "1.1.0",
+		"{\"cniVersion\":\"0.3.1\",\"x\":\"\xff\"}":      "1.1.0",
+		`{"cniVersion":"a\ud83d\ude00\ud83d\n\u00e9\/"}`: "a\U0001F600\xed\xa0\xbd\n\u00e9/",
+		"{\"cniVersion\":\"\xed\xa0\xbd\"}":              "\xed\xa0\xbd",
 	} {
 		if got := configVersion([]byte(stdin)); got != want {
 			t.Errorf("configVersion(%q) = %q, want %q", stdin, got, want)
 		}
+	}
+}
+
+func TestLoneSurrogatesAreWrittenBackAsPythonDoes(t *testing.T) {
+	// json.dumps(json.loads('"\\ud83d\\ude00\\udc00x"'))
+	got := pyQuote(jsonString([]byte(`"\ud83d\ude00\udc00x"`)), true)
+	if got != `"\ud83d\ude00\udc00x"` {
+		t.Errorf("got %s", got)
 	}
 }
 

@@ -30,7 +30,12 @@ func execPython(python, plugin string, stdin []byte, rawEnv []string) string {
 	if err != nil {
 		return "cannot pass stdin on: " + strerror(err)
 	}
-	if err := syscall.Dup3(fd, 0, 0); err != nil {
+	if fd == 0 { // stdin was closed: the file took its number, only close-on-exec to clear
+		_, _, errno := syscall.Syscall(syscall.SYS_FCNTL, 0, syscall.F_SETFD, 0)
+		if errno != 0 {
+			return "cannot pass stdin on: " + strerror(errno)
+		}
+	} else if err := syscall.Dup3(fd, 0, 0); err != nil {
 		return "cannot pass stdin on: " + strerror(err)
 	}
 	err = syscall.Exec(python, []string{python, inProcessFlag, plugin}, rawEnv)

@@ -18,8 +18,27 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = ROOT / "bin"
 VENV_PY = ROOT / ".venv" / "bin" / "python"
+
+
+def forwarder_bin() -> Path:
+    """build/forwarder-bin: `pycni install --forwarder` of this checkout (the binary built now),
+    the plugin names there linking to pycni-forwarder."""
+    subprocess.run(["make", "-s", "forwarder"], cwd=ROOT, check=True, timeout=900)
+    from cni import install
+
+    bin_dir, old = ROOT / "build" / "forwarder-bin", os.environ.get("PYCNI_SOCKET")
+    os.environ["PYCNI_SOCKET"] = str(bin_dir / "none.sock")  # install asks no daemon of ours
+    try:
+        install.install(bin_dir, None, None, compile_bytecode=False, use_forwarder=True)
+    finally:
+        os.environ.pop("PYCNI_SOCKET") if old is None else os.environ.update(PYCNI_SOCKET=old)
+    return bin_dir
+
+
+# The plugins' executables. PYCNI_TEST_FORWARDER=1 execs them through pycni-forwarder instead:
+# the reliability runs through it (`PYCNI_TEST_FORWARDER=1 ./scripts/test.sh tests/reliability`).
+BIN = forwarder_bin() if os.environ.get("PYCNI_TEST_FORWARDER") == "1" else ROOT / "bin"
 REFERENCE_BIN = Path("/usr/lib/cni")
 REFERENCE_PLUGINS = (f"the reference plugins in {REFERENCE_BIN} "
                      "(scripts/setup.sh installs containernetworking-plugins)")
