@@ -3,6 +3,7 @@ PY := .venv/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test cluster-test test-py lint bench reliability install clean vm-test vm-clean \
+	image \
 	forwarder forwarder-check \
 	vagrant-box vagrant-test
 
@@ -69,3 +70,8 @@ install: setup
 
 clean:
 	rm -rf .venv build dist *.egg-info
+
+# pycni's node-agent image (integration/image.py): mmdebstrap rootfs + the wheel, committed with
+# buildah to build/image/pycni.oci.tar, offline; rebuilt only when its inputs changed.
+image: setup forwarder
+	$(PY) integration/image.py

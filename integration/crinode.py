@@ -101,10 +101,11 @@ def node_addresses(node_netns: Netns) -> None:
 
 @contextlib.contextmanager
 def cri_node(node_netns: Netns, tmp_path: Path, *, bin_dir: Path, conf_dir: Path,
-             images: list[Path], daemon: bool, pycni: Path | None = None) -> Iterator[CRINode]:
+             images: list[Path], daemon: bool, pycni: Path | None = None,
+             env: dict[str, str] | None = None) -> Iterator[CRINode]:
     """The node (with NODE_ADDR, NODE_ADDR6 on its lo), containerd with CRI on bin_dir and
     conf_dir (with `pycni daemon` on and in containerd's environment if asked: the checkout's,
-    or the given `pycni` executable's, an installed wheel's), the images
+    or the given `pycni` executable's, an installed wheel's; else `env` there), the images
     imported and seen by CRI; everything stopped at exit, pods removed through CRI first."""
     def containerd(node: Node, env: dict[str, str] | None) -> CRIContainerd:
         return CRIContainerd(node, tmp_path / "containerd", cni_bin=bin_dir, cni_conf=conf_dir,
@@ -116,7 +117,7 @@ def cri_node(node_netns: Netns, tmp_path: Path, *, bin_dir: Path, conf_dir: Path
 
     with runtime_node(node_netns, tmp_path, bin_dir=bin_dir, conf_dir=conf_dir, daemon=daemon,
                       start=containerd, load=load, runtime_name="containerd",
-                      pycni=pycni) as n:
+                      pycni=pycni, env=env) as n:
         yield n
 
 
@@ -124,7 +125,8 @@ def cri_node(node_netns: Netns, tmp_path: Path, *, bin_dir: Path, conf_dir: Path
 def runtime_node(node_netns: Netns, tmp_path: Path, *, bin_dir: Path, conf_dir: Path,
                  daemon: bool, start: Callable[[Node, dict[str, str] | None], Any],
                  load: Callable[[Any], None], runtime_name: str,
-                 pycni: Path | None = None) -> Iterator[CRINode]:
+                 pycni: Path | None = None,
+                 env: dict[str, str] | None = None) -> Iterator[CRINode]:
     """The node with a CRI runtime that start(node, env) starts (env: the daemon's, for the
     runtime to pass on to the plugins) and load(runtime) gives its images, CRI's
     `runtime_name`; `pycni daemon` on if asked; everything stopped at exit (the runtime's stop
@@ -137,7 +139,7 @@ def runtime_node(node_netns: Netns, tmp_path: Path, *, bin_dir: Path, conf_dir: 
     with cleanup(node.stop), cgroup_parent() as cgroup:
         pycni_d = PycniDaemon(node, tmp_path / "daemon", pycni) if daemon else None
         with cleanup(*([pycni_d.stop] if pycni_d else [])):
-            runtime = start(node, pycni_d.env if pycni_d else None)
+            runtime = start(node, pycni_d.env if pycni_d else env)
             with cleanup(runtime.stop):
                 load(runtime)
                 with CRIClient(str(runtime.sock)) as cri:
@@ -197,3 +199,20 @@ def shared_leftovers(n: CRINode, network: str, pod_id: str) -> list[str]:
     if n.ctrd.netns_dir.exists():
         out += [f"netns {p.name}" for p in n.ctrd.netns_dir.iterdir()]
     return out
+
+
+def node_runner(n: CRINode, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Our runner (`pycni ...`, cnitool's environment) on the node, its /var/lib/cni cache."""
+    return n.node.run(str(VENV_PY), "-m", "cni.cli", *args, check=False, env=env, cwd=ROOT)
+
+
+def runner_check(n: CRINode, network: str, pod_id: str, *, bin_dir: Path, conf_dir: Path,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """CHECK of the pod's attachment as libcni would (CRI has no CHECK call): the cached
+    capability and CNI args, the pod's netns, the plugins now in bin_dir."""
+    entry = json.loads(cache_path(n, network, pod_id).read_text())
+    [netns] = n.ctrd.netns_dir.iterdir()  # libcni 1.1's cache has no netns; the node's pod
+    env = {"NETCONFPATH": str(conf_dir), "CNI_PATH": str(bin_dir), "CNI_CONTAINERID": pod_id,
+           "CAP_ARGS": json.dumps(entry["capabilityArgs"]),
+           "CNI_ARGS": ";".join(f"{k}={v}" for k, v in entry.get("cniArgs", [])), **(env or {})}
+    return node_runner(n, "check", network, str(netns), env=env)

@@ -33,19 +33,19 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 from pathlib import Path
 
 import grpc
 import pytest
-from clients import ROOT, VENV_PY, cri_conflist, install, need, pycni
+from clients import cri_conflist, install, need, pycni
 from cnitest import REFERENCE_BIN, REFERENCE_PLUGINS
 from crinode import (
     HOST_PORT,
     CRINode,
-    cache_path,
     cri_node,
+    node_runner,
     run_web_pod,
+    runner_check,
     shared_leftovers,
     wait_host_port,
 )
@@ -191,23 +191,6 @@ def bin_dir_differences(bin_dir: Path, reference: Path = REFERENCE_BIN) -> list[
             if (bin_dir / x).is_symlink()
             or not filecmp.cmp(bin_dir / x, reference / x, shallow=False)]
     return out
-
-
-def node_runner(n: CRINode, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """Our runner (`pycni ...`, cnitool's environment) on the node, its /var/lib/cni cache."""
-    return n.node.run(str(VENV_PY), "-m", "cni.cli", *args, check=False, env=env, cwd=ROOT)
-
-
-def runner_check(n: CRINode, network: str, pod_id: str, *, bin_dir: Path,
-                 conf_dir: Path) -> subprocess.CompletedProcess:
-    """CHECK of the pod's attachment as libcni would (CRI has no CHECK call): the cached
-    capability and CNI args, the pod's netns, the plugins now in bin_dir."""
-    entry = json.loads(cache_path(n, network, pod_id).read_text())
-    [netns] = n.ctrd.netns_dir.iterdir()  # libcni 1.1's cache has no netns; the node's pod
-    env = {"NETCONFPATH": str(conf_dir), "CNI_PATH": str(bin_dir), "CNI_CONTAINERID": pod_id,
-           "CAP_ARGS": json.dumps(entry["capabilityArgs"]),
-           "CNI_ARGS": ";".join(f"{k}={v}" for k, v in entry.get("cniArgs", []))}
-    return node_runner(n, "check", network, str(netns), env=env)
 
 
 @pytest.mark.parametrize("conflist", ["10-pycni.conflist", "20-pycni-dualstack.conflist"],

@@ -7,13 +7,14 @@ cd "$(dirname "$0")/.."
 # python3 + python3-venv: the venv is made from the distro's interpreter (below).
 APT_RUNTIME="python3 python3-venv iproute2 nftables libnftables1 conntrack kmod"
 # Real clients for integration/: containerd + runc (ctr run --cni), podman (CNI backend) with
-# buildah for the offline image, iptables for the reference portmap in the differential test,
-# Go and Debian's libcni to build our cnitool (integration/cnitool).
+# buildah for the offline images (and mmdebstrap: make image's rootfs), iptables for the
+# reference portmap in the differential test, Go and Debian's libcni to build our cnitool
+# (integration/cnitool).
 # conmon, libseccomp2 and libsqlite3-0 for CRI-O (../shared/reference/bin/crio) in test_crio.py.
 # bird2: BGP between the nodes of `make cluster-test` (the test starts its own, per node).
 APT_TEST="containernetworking-plugins iperf3 busybox-static procps psmisc iputils-ping ncat
-  containerd runc podman buildah iptables curl util-linux golang-go golang-github-appc-cni-dev
-  prometheus conmon libseccomp2 libsqlite3-0 bird2"
+  containerd runc podman buildah mmdebstrap iptables curl util-linux golang-go
+  golang-github-appc-cni-dev prometheus conmon libseccomp2 libsqlite3-0 bird2"
 # shellcheck disable=SC2086
 scripts/apt-install.sh $APT_RUNTIME ${PYCNI_TEST_PACKAGES:-$APT_TEST} | sed 's/^/setup: /'
 # Installing bird2 starts a BIRD in the machine's own network namespace: the tests never use it.

@@ -53,7 +53,7 @@ def run_daemon(opts: Options, runner: Runner | None = None) -> int:
     raise_fd_limit()
     inherited = inherited_listener()
     if inherited is None:
-        listener, owned = bind(opts.socket_path), opts.socket_path
+        listener, owned = bind(opts.socket_path, opts.take_over), opts.socket_path
     else:
         listener, owned = inherited  # owned: a predecessor's own socket file (handover.py)
     missing = preimport()
@@ -91,16 +91,21 @@ def run_daemon(opts: Options, runner: Runner | None = None) -> int:
               default="", callback=lambda _ctx, _param, value: _listen(value),
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (off by default; "
                    "env PYCNI_METRICS_LISTEN).")
+@click.option("--take-over", is_flag=True,
+              help="If a daemon listens on --socket, take the path over (bind beside it, rename "
+                   "onto it) instead of exiting: a DaemonSet's rolling update "
+                   "(deploy/pycni.yaml).")
 @click.option("-v", "--verbose", is_flag=True, help="Log every request served.")
 def command(socket_path: str, timeout: float, max_children: int, spares: int,
             max_spares: int, spare_linger: float, spare_wait: float, metrics_listen: str,
-            verbose: bool) -> None:
+            take_over: bool, verbose: bool) -> None:
     """Run the forkserver the plugin executables hand their requests to."""
     raise SystemExit(run_daemon(Options(socket_path=socket_path, timeout=timeout,
                                         max_children=max_children, spares=spares,
                                         max_spares=max_spares, spare_linger=spare_linger,
                                         spare_wait=spare_wait,
-                                        metrics_listen=metrics_listen, verbose=verbose)))
+                                        metrics_listen=metrics_listen, verbose=verbose,
+                                        take_over=take_over)))
 
 
 def _listen(value: str) -> str:

@@ -49,8 +49,12 @@ def _forget_predecessor() -> None:
         _predecessor = None
 
 
-def bind(path: str) -> socket.socket:
-    """Listen on `path`: its directory private (0700), the socket 0600 from the start."""
+def bind(path: str, take_over: bool = False) -> socket.socket:
+    """Listen on `path`: its directory private (0700), the socket 0600 from the start. A live
+    daemon on `path` is an error, unless `take_over` (a DaemonSet's rolling update: the new
+    pod's daemon starts while the old one serves): then the socket is bound beside `path` and
+    renamed onto it, so every connect finds one of the two listening; the old daemon serves
+    what it accepted until it is stopped, and leaves the path alone (server.py: not its inode)."""
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         os.makedirs(directory, mode=0o700)
@@ -58,23 +62,30 @@ def bind(path: str) -> socket.socket:
     if st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise SystemExit(f"pycni daemon: {directory} must belong to uid {os.geteuid()} and not "
                          "be writable by others (use a private directory for the socket)")
-    _remove_stale(path)
+    live = _remove_stale(path, take_over)
+    target = f"{path}.{os.getpid()}" if live else path
+    if live:
+        _remove_stale(target, False)  # a crashed predecessor's of this pid
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     old = os.umask(0o177)
     try:
-        sock.bind(path)
+        sock.bind(target)
     finally:
         os.umask(old)
     sock.listen(socket.SOMAXCONN)
+    if live:
+        os.rename(target, path)
+        log.info("took %s over from the daemon listening there", path)
     return sock
 
 
-def _remove_stale(path: str) -> None:
-    """A socket file nobody listens on is left from a crash: remove it; a live one is an error."""
+def _remove_stale(path: str, live_ok: bool) -> bool:
+    """A socket file nobody listens on is left from a crash: remove it; a live one is an error
+    unless live_ok (-> True)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        return
+        return False
     if not stat.S_ISSOCK(st.st_mode):
         raise SystemExit(f"pycni daemon: {path} exists and is not a socket")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -82,10 +93,12 @@ def _remove_stale(path: str) -> None:
         probe.connect(path)
     except OSError:
         os.unlink(path)
-    else:
-        raise SystemExit(f"pycni daemon: another daemon is listening on {path}")
+        return False
     finally:
         probe.close()
+    if live_ok:
+        return True
+    raise SystemExit(f"pycni daemon: another daemon is listening on {path}")
 
 
 def inode(path: str) -> int | None:

@@ -31,6 +31,7 @@ class Options:
     max_pending: int = 4096  # connections still sending; the oldest go first beyond this
     verbose: bool = False  # log every request served
     metrics_listen: str = ""  # HOST:PORT serving GET /metrics (metrics.py); "" = off
+    take_over: bool = False  # a live daemon's socket path: renamed onto (listener.bind)
 
 
 @dataclass

@@ -48,6 +48,16 @@ class PortMap:
     host_ip: str = ""
 
 
+@dataclass(frozen=True)
+class Mount:
+    """A volume as kubelet passes it to CreateContainer (a hostPath: its path on the node)."""
+
+    container_path: str
+    host_path: str
+    readonly: bool = False
+    host_to_container: bool = False  # mountPropagation: HostToContainer
+
+
 @dataclass
 class Pod:
     """A running sandbox: its id and the config it was made with (CreateContainer resends it)."""
@@ -122,12 +132,15 @@ class CRIClient:
     def pod_config(name: str, *, namespace: str = "default", uid: str | None = None,
                    port_mappings: Sequence[PortMap] = (), annotations: dict[str, str] | None =
                    None, labels: dict[str, str] | None = None, log_directory: str = "",
-                   cgroup_parent: str = "", dns_servers: Sequence[str] = ()) -> Any:
-        """A PodSandboxConfig as kubelet fills it for a pod with its own network namespace."""
+                   cgroup_parent: str = "", dns_servers: Sequence[str] = (),
+                   host_network: bool = False, host_pid: bool = False,
+                   privileged: bool = False) -> Any:
+        """A PodSandboxConfig as kubelet fills it for a pod with its own network namespace, or
+        (host_network, host_pid) the node's, privileged if any of its containers is."""
         uid = uid or str(uuid.uuid4())
         return pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=name, uid=uid, namespace=namespace, attempt=0),
-            hostname=name,
+            hostname="" if host_network else name,  # kubelet's: the node's UTS namespace
             log_directory=log_directory,
             dns_config=pb.DNSConfig(servers=list(dns_servers)),
             port_mappings=[pb.PortMapping(protocol=PROTOCOLS[p.protocol.lower()],
@@ -140,8 +153,10 @@ class CRIClient:
             linux=pb.LinuxPodSandboxConfig(
                 cgroup_parent=cgroup_parent,
                 security_context=pb.LinuxSandboxSecurityContext(
-                    namespace_options=pb.NamespaceOption(network=pb.POD, pid=pb.CONTAINER,
-                                                         ipc=pb.POD))))
+                    privileged=privileged,
+                    namespace_options=pb.NamespaceOption(
+                        network=pb.NODE if host_network else pb.POD,
+                        pid=pb.NODE if host_pid else pb.CONTAINER, ipc=pb.POD))))
 
     def run_pod(self, name: str, **kw: Any) -> Pod:
         """RunPodSandbox: the runtime makes the netns and runs the CNI ADD chain in it."""
@@ -184,7 +199,8 @@ class CRIClient:
                                      timeout=self.timeout)
 
     def create_start(self, pod: Pod, name: str, image: str, command: Sequence[str],
-                     args: Sequence[str] = ()) -> str:
+                     args: Sequence[str] = (), *, env: dict[str, str] | None = None,
+                     mounts: Sequence[Mount] = (), privileged: bool = False) -> str:
         """CreateContainer + StartContainer in the pod; returns the container id."""
         log_path = f"{name}/0.log" if pod.config.log_directory else ""
         if log_path:  # kubelet makes the container's log dir (CRI-O's conmon does not)
@@ -193,10 +209,20 @@ class CRIClient:
                                     image=pb.ImageSpec(image=image, user_specified_image=image),
                                     command=list(command), args=list(args), log_path=log_path,
                                     labels={"io.kubernetes.container.name": name},
+                                    envs=[pb.KeyValue(key=k, value=v)
+                                          for k, v in (env or {}).items()],
+                                    mounts=[pb.Mount(container_path=m.container_path,
+                                                     host_path=m.host_path,
+                                                     readonly=m.readonly,
+                                                     propagation=pb.PROPAGATION_HOST_TO_CONTAINER
+                                                     if m.host_to_container
+                                                     else pb.PROPAGATION_PRIVATE)
+                                            for m in mounts],
                                     # kubelet repeats the pod's namespace options (CRI-O
                                     # refuses a pod-level PID namespace the pod lacks)
                                     linux=pb.LinuxContainerConfig(
                                         security_context=pb.LinuxContainerSecurityContext(
+                                            privileged=privileged,
                                             namespace_options=pod.config.linux.security_context
                                             .namespace_options)))
         r = self.runtime.CreateContainer(
@@ -212,6 +238,14 @@ class CRIClient:
         s = self.runtime.ContainerStatus(pb.ContainerStatusRequest(container_id=container_id),
                                          timeout=self.timeout).status
         return pb.ContainerState.Name(s.state), s.exit_code, s.reason
+
+    def exec_sync(self, container_id: str, cmd: Sequence[str], timeout: int = 30) -> \
+            tuple[int, str]:
+        """ExecSync (what kubelet runs an exec probe with): exit code, stdout + stderr."""
+        r = self.runtime.ExecSync(pb.ExecSyncRequest(container_id=container_id, cmd=list(cmd),
+                                                     timeout=timeout),
+                                  timeout=self.timeout + timeout)
+        return r.exit_code, (r.stdout + r.stderr).decode(errors="replace")
 
 
 # ---- CLI --------------------------------------------------------------------------------------

@@ -514,6 +514,19 @@ def reboot(vm: VM) -> Outcome:
 
 STEPS = ("setup", "install", "cnitool", "cri", "crio", "vlan", "pods-before-reboot", "reboot",
          "after-reboot", "uninstall")
+# Not in the default run (its cost in CI is the lead's call): deploy/pycni.yaml's DaemonSet pod
+# through the guest's containerd CRI (guest.sh daemonset), e.g. --steps setup,daemonset. Its
+# image is built on the host (make image) and copied in with the forwarder it holds.
+POD_IMAGE_FILES = ("build/image/pycni.oci.tar", "build/forwarder/pycni-forwarder")
+
+
+def copy_pod_image(vm: VM) -> Outcome:
+    """`make image` on the host, its archive and the forwarder to the guest's checkout."""
+    logged("make", "-C", ROOT, "image")
+    tar = subprocess.run(["tar", "-C", str(ROOT), "-cf", "-", *POD_IMAGE_FILES],
+                         capture_output=True, check=True).stdout
+    rc = vm.ssh(f"tar -C {GUEST_DIR} -xf -", stdin=tar, timeout=600)
+    return rc == 0, f"{len(tar) >> 20} MiB" if rc == 0 else f"exit {rc}"
 
 
 def main() -> int:
@@ -564,7 +577,8 @@ def main() -> int:
     try:
         booted = r.step("boot", lambda: (True, "") if vm.wait_ssh()
                         else (False, f"no ssh: {tail(vm.serial)}"))
-        if booted and r.step("copy", lambda: copy_project(vm)):
+        if booted and r.step("copy", lambda: copy_project(vm)) and (
+                "daemonset" not in steps or r.step("pod-image", lambda: copy_pod_image(vm))):
             for name in steps:
                 if name == "reboot":
                     r.step("reboot", lambda: reboot(vm))
