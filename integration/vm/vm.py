@@ -390,7 +390,7 @@ class VM:
     def ssh_args(self) -> list[str]:
         return ["ssh", "-q", "-i", str(self.key), "-p", str(self.port),
                 "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-                "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=15",
+                "-o", "ConnectTimeout=30", "-o", "ServerAliveInterval=15",
                 "-o", "BatchMode=yes", "root@127.0.0.1"]
 
     def ssh(self, command: str, *, timeout: float = 1800, log: Path | None = None,
