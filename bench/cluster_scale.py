@@ -5,7 +5,7 @@
 For each side, pycni (the installed executables, a daemon per node) and the reference v1.9.1
 (../shared/reference/bin), one cluster of --nodes nodes and one lone node, all up at once and
 driven interleaved. A node is a network namespace; the cluster's nodes are joined by an underlay
-bridge and run BIRD 2 with conf/bird-node.conf (iBGP full mesh, each announcing its pod CIDR),
+bridge and run BIRD 2 with conf/bird-node.conf.in (iBGP full mesh, each announcing its pod CIDR),
 as integration/cluster/topology.py builds them for `make cluster-test` (its underlay, node
 network, BIRD and address plan are reused: node N is 192.168.100.N, its pods 10.100.N.0/24 of
 10.100.0.0/16). cnitool 1.3 stands in for the runtime: the chain is bridge (cni0, gateway,

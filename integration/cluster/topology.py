@@ -1,7 +1,7 @@
 """A Kubernetes-style cluster in namespaces (issue 46; docs/CLUSTER.md): nodes, each a network +
 mount namespace (clients.Node) with its own CRI runtime (containerd 1.6 or CRI-O 1.33), pycni
 installed from the wheel and its own `pycni daemon`, joined by one L2 segment (a bridge in a
-throwaway "underlay" namespace), routes between nodes from BIRD 2 (conf/bird-node.conf: iBGP full
+throwaway "underlay" namespace), routes between nodes from BIRD 2 (conf/bird-node.conf.in: iBGP full
 mesh, each node announcing its pod CIDRs), and a router to an "outside" namespace that knows no
 pod CIDR.
 
@@ -44,7 +44,7 @@ from crinode import HTTPD, CRINode, runtime_node
 from crionode import CRIO
 
 TEMPLATE = ROOT / "conf" / "pycni-containerd.conflist.tmpl"
-BIRD_CONF = ROOT / "conf" / "bird-node.conf"
+BIRD_CONF = ROOT / "conf" / "bird-node.conf.in"
 TEMPLATE_CIDRS = ("10.244.0.0/16", "fd00:10:244::/56")  # the template's placeholders
 CLUSTER4, CLUSTER6 = "10.100.0.0/16", "fd00:10:100::/56"
 ROUTER4, ROUTER6 = "192.168.100.254", "fd00:100::fe"
@@ -68,7 +68,7 @@ def pod_cidrs(i: int) -> tuple[str, str]:
 
 
 def render_bird(i: int, peers: list[int]) -> str:
-    """conf/bird-node.conf for node i, as docs/CLUSTER.md tells an operator to fill it in."""
+    """conf/bird-node.conf.in for node i, as docs/CLUSTER.md tells an operator to fill it in."""
     v4, v6 = pod_cidrs(i)
     out = []
     for line in BIRD_CONF.read_text().splitlines():
