@@ -77,7 +77,7 @@ masq.setup(["10.9.0.3/16"], "net", "eth0", "b" * 64)
 masq.setup(["10.9.0.4/16", "fd00::4/64"], "net", "eth0", "a" * 64)  # ADD again: replaces
 saddrs = lambda: sorted(str(r["expr"][0]["match"]["right"])
                         for r in nft.rules("inet", masq.TABLE, masq.CHAIN))
-out = {"after_readd": saddrs(), "present": masq.present("net", "eth0", "a" * 64)}
+out = {"after_readd": saddrs(), "present": sorted(masq.present("net", "eth0", "a" * 64))}
 out["removed"] = masq.teardown("net", "eth0", "a" * 64)
 out["left"] = saddrs()
 out["chains"] = sorted(nft.chains("inet", masq.TABLE))
