@@ -1,8 +1,8 @@
 """What cni.api promises a plugin of one's own beyond names (issue 47, item 6): a prevResult
 handed on by value, sysctls confined to the network namespace, and an ADD whose result the
 config's version cannot carry leaving nothing made. Each plugin here is a third-party module
-on sys.path, found through registry.INSTALLED as an installed executable finds it, and run by
-skel.run in-process in a pod namespace the test made."""
+declared by a distribution in a site dir (plugin_dists.fake_dists), checked and imported by the
+loader as a real package's, and run by skel.run in-process in a pod namespace the test made."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from cnitest import ROOT, VENV_PY, Netns
+from plugin_dists import fake_dists_fixture  # noqa: F401 - the fixture
 
-from cni import registry, skel
+from cni import skel
 
 pytestmark = pytest.mark.root
 
@@ -58,19 +58,12 @@ def delete(req):
 
 
 @pytest.fixture
-def third_party(tmp_path: Path, monkeypatch) -> Iterator[None]:
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "dummy_mod.py").write_text(DUMMY)
-    (site / "copier_mod.py").write_text(COPIER)
-    monkeypatch.syspath_prepend(str(site))
-    registry.INSTALLED.update({"dummyer": ("dummy_mod", ""), "copier": ("copier_mod", "")})
+def third_party(fake_dists) -> Iterator[None]:
+    """The two plugins, declared by a distribution in a site dir of the test's (as pip leaves
+    it), so the loader checks and imports them as it would a real package's."""
+    fake_dists("contract", {"dummyer": "dummy_mod", "copier": "copier_mod"},
+               {"dummy_mod": DUMMY, "copier_mod": COPIER})
     yield
-    for name in ("dummyer", "copier"):
-        registry.INSTALLED.pop(name, None)
-        skel._loaded.pop(name, None)
-    for mod in ("dummy_mod", "copier_mod"):
-        sys.modules.pop(mod, None)
 
 
 def run(plugin: str, pod: Netns, conf: dict) -> tuple[int, dict]:
