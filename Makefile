@@ -39,7 +39,7 @@ test-py:
 lint: setup
 	.venv/bin/ruff check cni tests integration bench
 
-bench: setup
+bench: setup forwarder
 	$(PY) bench/run.py
 
 # The long runs (about an hour on 2 cores); the figures of this run alone, summed, at the end.

@@ -7,8 +7,9 @@ annotations. Per pod: RunPodSandbox (netns, pause container, CNI ADD), then
 StopPodSandbox + RemovePodSandbox (CNI DEL, and 1.6's second DEL with an empty netns), timed
 from the client, the sides interleaved. Afterwards each node must hold nothing of any pod.
 
-The same through CRI-O 1.33 (integration/crionode.py; bench_crio): pycni with its daemon and
-the reference v1.9.1 (../shared/reference/bin), both on the nftables backends. CRI-O runs ADD
+The same through CRI-O 1.33 (integration/crionode.py; bench_crio): pycni with its daemon, pycni's
+forwarder (`pycni install --forwarder`, a daemon too) and the reference v1.9.1
+(../shared/reference/bin), all on the nftables backends. CRI-O runs ADD
 then CHECK over the chain at RunPodSandbox and one DEL at StopPodSandbox. Run alone:
 `.venv/bin/python bench/cri_pods.py --crio-pods N` (root).
 """
@@ -49,7 +50,8 @@ TOOLS = ("containerd", "ctr", "runc", "buildah", "nsenter", "unshare", "iptables
 ANNOTATIONS = {"kubernetes.io/ingress-bandwidth": "100M", "kubernetes.io/egress-bandwidth": "100M"}
 RUN, STOP = "CRI RunPodSandbox", "CRI StopPodSandbox+RemovePodSandbox"
 CRIO_RUN, CRIO_STOP = "CRI-O RunPodSandbox", "CRI-O StopPodSandbox+RemovePodSandbox"
-V19 = "reference v1.9.1"  # bench/run.py's name of the side
+V19 = "reference v1.9.1"  # bench/run.py's names of the sides
+FWD = "pycni+forwarder"  # pycni's forwarder in the bin dir, a daemon behind it
 Add = Callable[[str, str, float], None]
 
 
@@ -95,7 +97,8 @@ def start_node(name: str, tmp: Path, pause: Path, daemon: bool, no_daemon_socket
 
 
 def start_crio_node(name: str, tmp: Path, pause: Path) -> CRINode:
-    """A CRI-O node: pycni with its daemon, or the reference v1.9.1 (name V19)."""
+    """A CRI-O node: pycni with its daemon (and its forwarder: name FWD), or the reference
+    v1.9.1 (name V19)."""
     from crionode import CRIO, SHARED_BIN
 
     conf = cri_conflist()
@@ -117,8 +120,9 @@ def start_crio_node(name: str, tmp: Path, pause: Path) -> CRINode:
 
 def _start(name: str, tmp: Path, conf: dict[str, Any], reference: Path | None, runtime,
            daemon: bool, no_daemon_socket: bool, shown: str | None = None) -> CRINode:
-    """The node of one side: its netns, the plugins (`reference`'s dir, or pycni installed),
-    pycni's daemon if asked, the CRI runtime `runtime` starts, the client ready."""
+    """The node of one side: its netns, the plugins (`reference`'s dir, or pycni installed:
+    with --forwarder for the FWD side), pycni's daemon if asked, the CRI runtime `runtime`
+    starts, the client ready."""
     from cri.client import CRIClient
 
     work = tmp / name.replace(" ", "_").replace("(", "").replace(")", "").replace("+", "_")
@@ -127,7 +131,7 @@ def _start(name: str, tmp: Path, conf: dict[str, Any], reference: Path | None, r
         conf_dir.mkdir(parents=True)
         (conf_dir / "10-pycni.conflist").write_text(json.dumps(conf))
     else:
-        bin_dir, conf_dir = install(work / "cni", conf)
+        bin_dir, conf_dir = install(work / "cni", conf, forwarder=(shown or name) == FWD)
     netns = f"bench-cri-{secrets.token_hex(3)}"
     subprocess.run(["ip", "netns", "add", netns], check=True)
     subprocess.run(["ip", "-n", netns, "link", "set", "lo", "up"], check=True)
@@ -203,7 +207,8 @@ def bench_cri(names: list[str], pods: int, pods_no_daemon: int, add: Add,
         return
     _bench_sides(
         "CRI pods", names,
-        lambda name, tmp, pause: start_node(name, tmp, pause, daemon=name == "pycni+daemon",
+        lambda name, tmp, pause: start_node(name, tmp, pause,
+                                            daemon=name in ("pycni+daemon", FWD),
                                             no_daemon_socket="no daemon" in name),
         lambda name: pods_no_daemon if "no daemon" in name else pods, (RUN, STOP), add, error)
 
@@ -258,19 +263,20 @@ def main() -> int:
     from world import enter_private_mounts
 
     parser = argparse.ArgumentParser(description="CRI-O pods, pycni vs the reference v1.9.1")
+    parser.add_argument("--forwarder", action="store_true", help=f"a {FWD} side too")
     parser.add_argument("--crio-pods", type=int, default=5)
     args = parser.parse_args()
     enter_private_mounts()
     values: dict[str, dict[str, list[float]]] = {}
     errors: list[str] = []
-    bench_crio([V19, "pycni+daemon"], args.crio_pods,
+    bench_crio([V19, "pycni+daemon", *([FWD] if args.forwarder else [])], args.crio_pods,
                lambda m, side, v: values.setdefault(m, {}).setdefault(side, []).append(v),
                errors.append)
     for metric, by in values.items():
         med = {side: statistics.median(v) for side, v in by.items()}
         shown = ", ".join(f"{side} {m:.1f}" for side, m in med.items())
-        ratio = (f"; ratio {med['pycni+daemon'] / med[V19]:.2f}x"
-                 if med.get(V19) and "pycni+daemon" in med else "")
+        ratio = "".join(f"; {side} ratio {med[side] / med[V19]:.2f}x"
+                        for side in ("pycni+daemon", FWD) if med.get(V19) and side in med)
         print(f"{metric}: {shown}{ratio}")
     for e in errors:
         print(f"error: {e}")

@@ -12,7 +12,10 @@ waited for: the reference's host-local and nft); for pycni also the CPU its daem
 spent meanwhile (the daemon runs in a fresh cgroup v2 from its birth: cpu.stat counts spares that
 exited too). Run as root:
 
-    .venv/bin/python bench/crio_requests.py [--pods N]
+    .venv/bin/python bench/crio_requests.py [--pods N] [--forwarder]
+
+--forwarder adds pycni+forwarder (`pycni install --forwarder`, on the same daemon) as a third
+side, reported against v1.9.1 the same way.
 """
 
 from __future__ import annotations
@@ -99,16 +102,20 @@ def one_pod(side: Side, netns: str, daemon_cpu: Callable[[], float] | None,
         run(plugin, "DEL", prev)
 
 
-def crio_sides(tmp: Path, ours: Path, socket: Path) -> list[CrioSide]:
-    """v1.9.1 and pycni+daemon (the daemon at `socket`, no fallback) with CRI-O's CNI_ARGS."""
+def crio_sides(tmp: Path, ours: Path, socket: Path,
+               forwarder: Path | None = None) -> list[CrioSide]:
+    """v1.9.1 and pycni+daemon (the daemon at `socket`, no fallback) with CRI-O's CNI_ARGS;
+    with `forwarder` (a `pycni install --forwarder` bin dir) pycni+forwarder too, on the same
+    daemon."""
     crio_args = ("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench-1;"
                  f"K8S_POD_INFRA_CONTAINER_ID={'0' * 64};K8S_POD_UID=bench")
+    ours_env = {"CNI_ARGS": crio_args, "PYCNI_SOCKET": str(socket), "PYCNI_SHIM_FALLBACK": "0"}
     return [
         CrioSide("v1.9.1", REFERENCE_V19, "bref9", "10.96.0.0/16", tmp / "ref9-ipam",
                  env={"CNI_ARGS": crio_args}),
-        CrioSide("pycni+daemon", ours, "bpyd0", "10.99.0.0/16", tmp / "pyd-ipam",
-                 env={"CNI_ARGS": crio_args, "PYCNI_SOCKET": str(socket),
-                      "PYCNI_SHIM_FALLBACK": "0"}),
+        CrioSide("pycni+daemon", ours, "bpyd0", "10.99.0.0/16", tmp / "pyd-ipam", env=ours_env),
+        *([CrioSide("pycni+forwarder", forwarder, "bpyf0", "10.94.0.0/16", tmp / "pyf-ipam",
+                    env=ours_env)] if forwarder else []),
     ]
 
 
@@ -132,21 +139,24 @@ def report(figures: Figures, ref: str, ours: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=15)
+    parser.add_argument("--forwarder", action="store_true", help="a pycni+forwarder side too")
     args = parser.parse_args()
     enter_private_mounts()
     tmp = Path(tempfile.mkdtemp(prefix="pycni-crio-requests-"))
     lab = Lab()
     ours, _ = our_bin(tmp)
+    fwd = our_bin(tmp, forwarder=True)[0] if args.forwarder else None
     cgroup = Cgroup("crio-daemon")
     daemon = Daemon.start(tmp, cgroup)
-    sides = crio_sides(tmp, ours, daemon.socket)
+    sides = crio_sides(tmp, ours, daemon.socket, fwd)
     figures: Figures = defaultdict(lambda: defaultdict(list))
     try:
         for i in range(args.pods + 1):  # the first round (bridges, pool) is left out
-            for side in sides[i % 2:] + sides[:i % 2]:
+            k = i % len(sides)
+            for side in sides[k:] + sides[:k]:
                 netns = lab.pod()
                 try:
-                    one_pod(side, netns, cgroup.cpu_ms if side.name == "pycni+daemon" else None,
+                    one_pod(side, netns, cgroup.cpu_ms if side.name != "v1.9.1" else None,
                             figures if i else None)
                 finally:
                     lab.drop(netns)
@@ -154,7 +164,8 @@ def main() -> int:
         daemon.stop()
         cgroup.remove()
     print(f"load (1-min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    report(figures, "v1.9.1", "pycni+daemon")
+    for side in sides[1:]:
+        report(figures, "v1.9.1", side.name)
     return 0
 
 

@@ -1,11 +1,12 @@
 """`make bench`: the pod chain through the reference Go plugins and through pycni, side by side.
 
 Sides: the reference (/usr/lib/cni, Debian's v1.1.1), the reference v1.9.1 with its nftables
-backends (../shared/reference/bin, when there), pycni with its daemon, pycni without it (every
-exec imports everything). They run interleaved in one process on the same machine, through one
-driver (driver.py) that execs plugins as libcni does. Everything happens in throwaway namespaces:
-a private mount namespace (its own /run/netns), one "host" netns this process enters, a pod
-netns per pod, a tmp dataDir. Writes a table to stdout and bench/RESULTS.md.
+backends (../shared/reference/bin, when there), pycni with its daemon, pycni's forwarder (`pycni
+install --forwarder`, the same daemon), pycni without a daemon (every exec imports everything).
+They run interleaved in one process on the same machine, through one driver (driver.py) that
+execs plugins as libcni does. Everything happens in throwaway namespaces: a private mount
+namespace (its own /run/netns), one "host" netns this process enters, a pod netns per pod, a tmp
+dataDir. Writes a table to stdout and bench/RESULTS.md.
 
     .venv/bin/python bench/run.py [--iterations 15] [--version-runs 40] [--pods 30]
     .venv/bin/python bench/run.py --trip-only [--trip-runs 20]   # the trip rows alone (issue 38)
@@ -57,6 +58,7 @@ from world import (  # noqa: E402
 )
 
 from cni import registry  # noqa: E402
+from cni.install.errors import InstallError  # noqa: E402
 
 REFERENCE = Path("/usr/lib/cni")
 V19 = "reference v1.9.1"
@@ -293,12 +295,23 @@ def trip_lines(t: Samples, sides: list[Side]) -> list[tuple[str, dict[str, str]]
 
 # --- reporting --------------------------------------------------------------------------------
 
-SHORT = {"pycni+daemon": "daemon", "pycni (no daemon)": "no daemon"}
+FWD = "pycni+forwarder"
+SHORT = {"pycni+daemon": "daemon", FWD: "forwarder", "pycni (no daemon)": "no daemon"}
 # issue 25: metric -> (column, bound as a ratio to Debian's v1.1.1, bound to v1.9.1)
 TARGETS = {
     "whole chain ADD": ("pycni+daemon", 1.0, 0.85),
     "whole chain DEL": ("pycni+daemon", 0.5, 0.5),
     "whole chain CHECK": ("pycni+daemon", 1.5, 1.5),
+}
+# issue 48 item 7: the forwarder's column, metric -> (bound, against which reference: V19, or
+# "reference" = Debian's v1.1.1, the only reference of containerd's CRI rows)
+FORWARDER_TARGETS = {
+    "whole chain ADD": (0.6, V19),
+    "whole chain CHECK": (0.8, V19),
+    "whole chain DEL": (0.35, V19),
+    "loopback VERSION": (1.5, V19),  # its own exec within 1.5x of the reference loopback's
+    "CRI-O RunPodSandbox": (0.95, V19),
+    "CRI RunPodSandbox": (0.8, "reference"),
 }
 NO_DAEMON_PLUGIN_ADD_MS = 400  # one plugin's ADD without the daemon
 LOOPBACK_OVER_VERSION_MS = 5  # loopback ADD through the daemon, over the shim's own VERSION
@@ -332,6 +345,8 @@ def target_note(metric: str, col: str, values: list[float] | None,
     if not values:
         return ""
     med = statistics.median(values)
+    if col == FWD and metric in FORWARDER_TARGETS:
+        return forwarder_note(metric, med, s)
     if metric.endswith("VERSION") and col != "reference":
         return "ok" if med <= 20 else "MISSED (<= 20 ms)"
     if "failures" in metric or "duplicate" in metric or "leftovers" in metric:
@@ -352,9 +367,22 @@ def target_note(metric: str, col: str, values: list[float] | None,
     return ""
 
 
+def forwarder_note(metric: str, med: float, s: Samples | None) -> str:
+    """Issue 48's goal for the forwarder's column: its median against the named reference's
+    median in the same run (the forwarder's goals are all ratios; one reference each)."""
+    bound, against = FORWARDER_TARGETS[metric]
+    ref = s.values.get(metric, {}).get(against) if s is not None else None
+    if not ref:
+        return f"not judged ({against} not measured)"
+    shown = "v1.9.1" if against == V19 else "Debian's v1.1.1"
+    ok = med <= bound * statistics.median(ref)
+    return f"vs {shown}: " + ("ok" if ok else f"MISSED (<= {bound}x)")
+
+
 def ratio_target(metric: str, col: str) -> bool:
-    """Whether the metric's target (for this column) is a ratio to a reference."""
-    return metric in TARGETS
+    """Whether the metric's target (for this column) is a ratio to a reference judged against
+    both (the forwarder's name their one reference: forwarder_note)."""
+    return metric in TARGETS and col != FWD
 
 
 def table(s: Samples, sides: list[Side], extra: list[tuple[str, dict[str, str]]]) -> str:
@@ -525,8 +553,8 @@ def main() -> int:
     parser.add_argument("--trip-runs", type=int, default=20,
                         help="pods per side for the trip rows (issue 38; 0: none)")
     parser.add_argument("--trip-only", action="store_true",
-                        help="only the trip rows, for pycni+daemon and v1.9.1; printed, "
-                             "RESULTS.md untouched")
+                        help="only the trip rows, for pycni+daemon, its forwarder and v1.9.1; "
+                             "printed, RESULTS.md untouched")
     parser.add_argument("--no-full-node", action="store_true",
                         help="skip the full-node section (bench/fullnode.py; its fills: "
                              "PYCNI_BENCH_FILL, default 0,110,250)")
@@ -539,6 +567,10 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="pycni-bench-"))
     lab = Lab()
     ours, ours_how = our_bin(tmp)
+    try:
+        fwd_bin, fwd_how = our_bin(tmp, forwarder=True)
+    except InstallError as e:  # no `make forwarder` here: the other columns still run
+        fwd_bin, fwd_how = None, f"not measured ({e})"
     daemon = Daemon.start(tmp)
     sides = [
         Side("reference", REFERENCE, "bref0", "10.98.0.0/16", tmp / "ref-ipam"),
@@ -546,11 +578,15 @@ def main() -> int:
                 nftables=True)] if (REFERENCE_V19 / "bridge").exists() else []),
         Side("pycni+daemon", ours, "bpyd0", "10.99.0.0/16", tmp / "pyd-ipam",
              env={"PYCNI_SOCKET": str(daemon.socket)}),
+        *([Side(FWD, fwd_bin, "bpyf0", "10.94.0.0/16", tmp / "pyf-ipam",
+                env={"PYCNI_SOCKET": str(daemon.socket)})]  # one daemon, as on a node
+          if fwd_bin else []),
         Side("pycni (no daemon)", ours, "bpyn0", "10.97.0.0/16", tmp / "pyn-ipam",
              env={"PYCNI_SOCKET": str(tmp / "no-daemon.sock")}),
     ]
     if args.trip_only:
-        return trip_only(lab, [side for side in sides if side.name in (V19, "pycni+daemon")],
+        return trip_only(lab, [side for side in sides if side.name in (V19, "pycni+daemon",
+                                                                        FWD)],
                          args.trip_runs, daemon, tmp)
     s = Samples()
     trip = Samples()
@@ -585,13 +621,14 @@ def main() -> int:
         if args.crio_pods and any(side.name == V19 for side in sides):
             from cri_pods import bench_crio
 
-            bench_crio([V19, "pycni+daemon"], args.crio_pods, s.add, s.errors.append)
+            bench_crio([V19, "pycni+daemon", *([FWD] if fwd_bin else [])], args.crio_pods,
+                       s.add, s.errors.append)
             note_load("after CRI-O")
         if args.pod_cpu and any(side.name == V19 for side in sides):
             from pod_cpu import rows as pod_cpu_rows  # its own nodes, daemon, cgroups
 
             (tmp / "pod-cpu").mkdir()
-            cpu_rows = pod_cpu_rows(tmp / "pod-cpu", ours, args.pod_cpu)
+            cpu_rows = pod_cpu_rows(tmp / "pod-cpu", ours, args.pod_cpu, fwd_bin)
             note_load("after CPU per pod")
         if not args.no_full_node:
             from fullnode import run_section  # its own nodes, daemon and cnitool
@@ -603,14 +640,14 @@ def main() -> int:
         daemon.stop()
     lines = ["# pycni vs the reference CNI plugins", "",
              "Generated by `make bench` (bench/run.py); ratios are ours / reference, medians.",
-             "", *machine(), load_line(), f"- pycni executables: {ours_how}",
+             "", *machine(), load_line(), f"- pycni executables: {ours_how}; {FWD}: {fwd_how}",
              f"- runs: {args.iterations} pods one at a time per side, {args.version_runs} "
              f"VERSION per plugin, {args.pods} concurrent pods x {args.rounds} rounds "
              f"({args.rounds_no_daemon} without the daemon), interleaved; "
              f"{args.cri_pods} pods through containerd's CRI per side "
              f"({args.cri_pods_no_daemon} without the daemon), one at a time, interleaved; "
-             f"{args.crio_pods} pods through CRI-O 1.33 per side (pycni+daemon, {V19}), one at "
-             f"a time, interleaved; trip rows: {args.trip_runs} pods per side; CPU per pod: "
+             f"{args.crio_pods} pods through CRI-O 1.33 per side (pycni+daemon, {FWD}, {V19}), one "
+             f"at a time, interleaved; trip rows: {args.trip_runs} pods per side; CPU per pod: "
              f"{args.pod_cpu} pods per side", ""]
     lines.append(table(s, sides, rss_lines(s, sides, daemon_kb, burst_kb)
                        + trip_lines(trip, sides) + cpu_rows))

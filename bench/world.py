@@ -98,8 +98,12 @@ def install_steps(steps: dict[str, tuple[str, ...]], kept_socket: bool = False) 
     return acc
 
 
-def our_bin(tmp: Path) -> tuple[Path, str]:
-    """What `pycni install` writes (direct #! to the venv python), else the repo's bin/."""
+def our_bin(tmp: Path, forwarder: bool = False) -> tuple[Path, str]:
+    """What `pycni install` writes (direct #! to the venv python), else the repo's bin/.
+    forwarder: `pycni install --forwarder` into a dir of its own (the plugin names linked to
+    the checkout's build/forwarder/pycni-forwarder, `make forwarder`'s)."""
+    if forwarder:
+        return forwarder_bin(tmp), "`pycni install --forwarder` (build/forwarder/pycni-forwarder)"
     try:
         from cni import install, registry
 
@@ -113,6 +117,26 @@ def our_bin(tmp: Path) -> tuple[Path, str]:
         return d, "installed copy (`#!<venv python> -IS`, as `pycni install` writes it)"
     except Exception as e:  # install's API moved: measure the repo's executables instead
         return ROOT / "bin", f"repo bin/ (sh trampoline; install copy failed: {e})"
+
+
+def forwarder_bin(tmp: Path) -> Path:
+    """tmp/pycni-fwd-bin as `pycni install --forwarder --bin-dir` writes it (no conflist, no
+    units; PYCNI_SOCKET pointed nowhere meanwhile, so no daemon on the machine is asked to
+    take up new code)."""
+    from cni import install
+    from cni.fast import protocol
+
+    d = tmp / "pycni-fwd-bin"
+    saved = os.environ.get(protocol.SOCKET_ENV)
+    os.environ[protocol.SOCKET_ENV] = str(tmp / "install-asks-no-daemon.sock")
+    try:
+        install.install(d, None, None, compile_bytecode=False, use_forwarder=True)
+    finally:
+        if saved is None:
+            del os.environ[protocol.SOCKET_ENV]
+        else:
+            os.environ[protocol.SOCKET_ENV] = saved
+    return d
 
 
 class Cgroup:

@@ -82,9 +82,10 @@ def pycni(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
-def install(dest: Path, conflist: dict[str, Any], cni_version: str | None = None) -> tuple[Path,
-                                                                                            Path]:
-    """`pycni install` into dest/bin and dest/net.d, as a node admin would; returns both dirs."""
+def install(dest: Path, conflist: dict[str, Any], cni_version: str | None = None,
+            forwarder: bool = False) -> tuple[Path, Path]:
+    """`pycni install` into dest/bin and dest/net.d, as a node admin would (with --forwarder:
+    the plugin names linked to `make forwarder`'s binary); returns both dirs."""
     src = dest / f"{conflist['name']}.conflist"
     dest.mkdir(parents=True, exist_ok=True)
     src.write_text(json.dumps(conflist, indent=2))
@@ -93,6 +94,8 @@ def install(dest: Path, conflist: dict[str, Any], cni_version: str | None = None
             "--conflist", str(src)]
     if cni_version:
         args += ["--cni-version", cni_version]
+    if forwarder:
+        args.append("--forwarder")
     pycni(*args)
     src.unlink()
     return bin_dir, conf_dir
