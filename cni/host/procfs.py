@@ -7,9 +7,8 @@ from __future__ import annotations
 import os
 
 
-def read(path: str, dir_fd: int | None = None) -> bytes:
-    """The whole file; `dir_fd`: `path` relative to that directory (a /proc/<pid> held open)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+def read(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         chunks = []
         while chunk := os.read(fd, 8192):
