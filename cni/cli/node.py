@@ -40,6 +40,10 @@ from cni import install as inst
 @click.option("--containerd-template", type=click.Path(path_type=Path), default=None,
               metavar="PATH", help="Write containerd's CNI conf_template here, with the "
               "--cluster-cidr values, instead of a conflist.")
+@click.option("--containerd-config", type=click.Path(path_type=Path), default=None,
+              metavar="DIR", help="The node's containerd config dir (config.toml, "
+              "conf.d/*.toml): with --containerd-template, the conflist is written too where "
+              "that config sets no CRI conf_template (a node whose containerd renders none).")
 @click.option("--forwarder", "use_forwarder", is_flag=True,
               help="Link the plugin names to pycni-forwarder (a static binary, docs/DESIGN.md) "
                    "instead of the Python executable; without it, an install links them back.")
@@ -50,12 +54,12 @@ def install(bin_dir: Path, conf_dir: Path, conflist: str, cni_version: str | Non
             no_compile: bool, no_systemd: bool, systemd_dir: Path | None,
             pod_cidrs: tuple[str, ...], cluster_cidrs: tuple[str, ...],
             containerd_template: Path | None, use_forwarder: bool,
-            forwarder_binary: Path | None) -> None:
+            forwarder_binary: Path | None, containerd_config: Path | None) -> None:
     """Install the plugins into BIN_DIR and a conflist into CONF_DIR; on a systemd host, also
     pycni.socket and pycni.service, with the socket enabled (the daemon starts on first use)."""
     try:
         inst.check_node_cidrs(conflist or None, conf_dir, pod_cidrs, cluster_cidrs,
-                              containerd_template)
+                              containerd_template, containerd_config)
     except inst.InstallError as e:
         raise click.UsageError(str(e)) from None
     units = inst.systemd_dir(systemd_dir, enabled=not no_systemd)
@@ -66,7 +70,8 @@ def install(bin_dir: Path, conf_dir: Path, conflist: str, cni_version: str | Non
                                             pod_cidrs=pod_cidrs, cluster_cidrs=cluster_cidrs,
                                             containerd_template=containerd_template,
                                             use_forwarder=use_forwarder,
-                                            forwarder_binary=forwarder_binary))
+                                            forwarder_binary=forwarder_binary,
+                                            containerd_config=containerd_config))
 
 
 @click.command()

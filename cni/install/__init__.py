@@ -90,8 +90,8 @@ def plan(bin_dir: Path, conf_dir: Path | None, conflist: str | None,
     """What install writes; `plugins`, the entry-point plugins (entrypoints.plugin_table), are
     linked too; to the forwarder (with its table) when its binary is given (forwarder.py).
     With pod CIDRs the conflist is the shipped default filled in for this node; with
-    containerd_template, the shipped template with the cluster CIDRs goes there instead of a
-    conflist (cluster.py)."""
+    containerd_template, the shipped template with the cluster CIDRs goes there too (install
+    passes no conflist unless it is the fallback, cluster.py)."""
     python = python or venv_python()
     plugins = plugins or {}
     items = [Planned(bin_dir / MULTICALL, "file",
@@ -108,9 +108,9 @@ def plan(bin_dir: Path, conf_dir: Path | None, conflist: str | None,
         _, raw = render.conflist_source(cluster.TEMPLATE)
         items.append(Planned(containerd_template, "file",
                              cluster.render_template(raw, cluster_cidrs), mode=0o644))
-    elif conf_dir is not None and conflist:
+    if conf_dir is not None and conflist:
         name, raw = render.conflist_source(conflist)
-        if pod_cidrs or cluster_cidrs:
+        if pod_cidrs or (cluster_cidrs and containerd_template is None):
             raw = cluster.render(raw, pod_cidrs, cluster_cidrs)
         items.append(Planned(conf_dir / name, "file", render_conflist(name, raw, cni_version),
                              mode=0o644))
@@ -151,19 +151,32 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
             units_dir: Path | None = None, pod_cidrs: Sequence[str] = (),
             cluster_cidrs: Sequence[str] = (),
             containerd_template: Path | None = None, use_forwarder: bool = False,
-            forwarder_binary: Path | None = None) -> list[str]:
+            forwarder_binary: Path | None = None,
+            containerd_config: Path | None = None) -> list[str]:
     """Install; returns human-readable lines of what was done. Refuses (changing nothing) when a
     path it would read or write is not root's alone (trust.py), or a different file is in the
     way, unless force (which keeps the old one as a backup). With units_dir (see systemd_dir) the
     daemon's units go there and the socket is enabled. With pod (and cluster) CIDRs the
     conflist is the shipped default filled in for this node; with containerd_template the
-    shipped template with the cluster CIDRs is written there, and no conflist (cluster.py).
-    use_forwarder: the plugin names link to pycni-forwarder (forwarder_binary, else found as
-    forwarder.find_binary says)."""
-    check_node_cidrs(conflist, conf_dir, pod_cidrs, cluster_cidrs, containerd_template)
+    shipped template with the cluster CIDRs is written there, and no conflist (cluster.py), but
+    with containerd_config (the node's containerd config dir) the conflist is the fallback:
+    written unless that config sets a conf_template (which the conflist would pre-empt; one an
+    earlier install wrote is then removed). use_forwarder: the plugin names link to
+    pycni-forwarder (forwarder_binary, else found as forwarder.find_binary says)."""
+    check_node_cidrs(conflist, conf_dir, pod_cidrs, cluster_cidrs, containerd_template,
+                     containerd_config)
+    notes, drop_conflists_in = [], None
     if containerd_template is not None:
         containerd_template = containerd_template.absolute()
         trust.walk_dir_to_make(containerd_template.parent, "containerd template dir")
+        rendered_by = cluster.conf_template_of(containerd_config) if containerd_config else None
+        if containerd_config is None or rendered_by is not None:
+            conflist = None  # containerd renders its template only while no conflist is loaded
+        if rendered_by is not None:
+            drop_conflists_in = conf_dir.absolute() if conf_dir else None
+            notes.append(f"containerd's conf_template is {rendered_by}: no conflist written "
+                         "(containerd renders the template once kubelet sends the node's pod "
+                         "CIDR)")
     bin_dir, conf_dir = bin_dir.absolute(), conf_dir.absolute() if conf_dir else None
     python = venv_python()
     check_interpreter(python, units_dir)
@@ -189,8 +202,10 @@ def install(bin_dir: Path = DEFAULT_BIN, conf_dir: Path | None = DEFAULT_CONF,
         created += [str(p) for p in files.make_dirs(d)]
     with lock.held(bin_dir):
         done = _install_locked(bin_dir, items, _conflicts(bin_dir, items, force), created,
-                               lib, python, compile_bytecode, units_dir, table)
-    return [f"skipped plugin {name}: {why}" for name, why in sorted(skipped.items())] + done
+                               lib, python, compile_bytecode, units_dir, table,
+                               drop_conflists_in)
+    return [f"skipped plugin {name}: {why}" for name, why in sorted(skipped.items())] + notes \
+        + done
 
 
 def _refuse_mixed(bin_dir: Path, table: dict[str, tuple[str, str]]) -> None:
@@ -200,12 +215,16 @@ def _refuse_mixed(bin_dir: Path, table: dict[str, tuple[str, str]]) -> None:
 
 
 def check_node_cidrs(conflist: str | None, conf_dir: Path | None, pod_cidrs: Sequence[str],
-                     cluster_cidrs: Sequence[str], containerd_template: Path | None = None
-                     ) -> None:
+                     cluster_cidrs: Sequence[str], containerd_template: Path | None = None,
+                     containerd_config: Path | None = None) -> None:
     """Pod and cluster CIDRs fill in the shipped default conflist, so they go with neither
     another conflist (a file of one's own says its own ranges) nor none. The containerd
     template takes cluster CIDRs only (containerd fills in the pod CIDRs) and replaces the
-    conflist (containerd renders it only while no conflist is loaded)."""
+    conflist (containerd renders it only while no conflist is loaded), unless the containerd
+    config says whether it does (then the conflist is the fallback)."""
+    if containerd_config is not None and containerd_template is None:
+        raise InstallError(f"--containerd-config {str(containerd_config)!r} needs "
+                           "--containerd-template (it says whether containerd renders it)")
     if containerd_template is not None:
         if pod_cidrs:
             raise InstallError(f"--pod-cidr {pod_cidrs[0]!r}: not with --containerd-template "
@@ -213,10 +232,11 @@ def check_node_cidrs(conflist: str | None, conf_dir: Path | None, pod_cidrs: Seq
         if not cluster_cidrs:
             raise InstallError("--containerd-template needs --cluster-cidr (what it fills in)")
         cluster.cluster_networks(cluster_cidrs)
-        if conflist not in (None, DEFAULT_CONFLIST):
+        if conflist not in (None, DEFAULT_CONFLIST) and containerd_config is None:
             raise InstallError(f"--containerd-template writes no conflist: not with --conflist "
                                f"{conflist!r} (containerd renders the template only while no "
-                               "conflist is loaded)")
+                               "conflist is loaded; with --containerd-config DIR it is the "
+                               "fallback where containerd's config sets no conf_template)")
         return
     if not pod_cidrs and not cluster_cidrs:
         return
@@ -241,7 +261,8 @@ def _conflicts(bin_dir: Path, items: list[Planned], force: bool) -> list[Path]:
 
 def _install_locked(bin_dir: Path, items: list[Planned], conflicts: list[Path],
                     created: list[str], lib: Path | None, python: Path, compile_bytecode: bool,
-                    units_dir: Path | None, plugins: dict[str, tuple[str, str]]) -> list[str]:
+                    units_dir: Path | None, plugins: dict[str, tuple[str, str]],
+                    drop_conflists_in: Path | None = None) -> list[str]:
     manifest = Manifest.load(bin_dir) or Manifest(bin_dir=str(bin_dir))
     manifest.root, manifest.python = str(ROOT), str(python)
     manifest.plugins = {name: target for name, (target, _) in plugins.items()}
@@ -272,7 +293,7 @@ def _install_locked(bin_dir: Path, items: list[Planned], conflicts: list[Path],
         manifest.entries = [e for e in manifest.entries if e.path != new.path] + [new]
         done.append(f"wrote {it.path}")
         manifest.save()  # after each file: an interrupted install can still be uninstalled
-    done += _unlink_dropped(manifest, {str(it.path) for it in items})
+    done += _unlink_dropped(manifest, {str(it.path) for it in items}, drop_conflists_in)
     manifest.save()
     if lib is not None:  # the executables in place name lib now: plugins exec'd from now run it
         done += _prune(bin_dir, manifest, inuse.now_ticks())
@@ -291,21 +312,27 @@ def _install_locked(bin_dir: Path, items: list[Planned], conflicts: list[Path],
     return done
 
 
-def _unlink_dropped(manifest: Manifest, planned: set[str]) -> list[str]:
-    """A plugin name an earlier install linked and this one does not (its package is gone), or
-    the forwarder's files when the names link to the Python executable again: removed, as
-    uninstall would (what was there before it restored)."""
+def _unlink_dropped(manifest: Manifest, planned: set[str],
+                    conflists_in: Path | None = None) -> list[str]:
+    """A plugin name an earlier install linked and this one does not (its package is gone),
+    the forwarder's files when the names link to the Python executable again, or a conflist an
+    earlier install wrote into conflists_in (containerd's template took over: it would pre-empt
+    it): removed, as uninstall would (what was there before it restored)."""
     done = []
     ours = (MULTICALL, forwarder.FORWARDER)
     for e in [e for e in manifest.entries if e.path not in planned and (
             (e.kind == "symlink" and e.target in ours)
             or (e.kind == "file" and Path(e.path).parent == Path(manifest.bin_dir)
-                and Path(e.path).name in (forwarder.FORWARDER, forwarder.TABLE)))]:
+                and Path(e.path).name in (forwarder.FORWARDER, forwarder.TABLE))
+            or (e.kind == "file" and Path(e.path).parent == conflists_in
+                and Path(e.path).suffix in (".conf", ".conflist", ".json")))]:
         path = Path(e.path)
         if e.matches_disk():
             path.unlink()
-            done.append(f"removed {path} (" + ("no such plugin any more" if e.kind == "symlink"
-                                               else "the plugins run pycni-plugin now") + ")")
+            why = ("no such plugin any more" if e.kind == "symlink"
+                   else "containerd renders its conf_template" if path.parent == conflists_in
+                   else "the plugins run pycni-plugin now")
+            done.append(f"removed {path} ({why})")
             if e.backup and Path(e.backup).exists():
                 os.replace(e.backup, path)
         manifest.entries.remove(e)

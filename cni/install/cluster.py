@@ -3,7 +3,9 @@ shipped 10-pycni.conflist with host-local ranges from the node's pod CIDRs and b
 nonMasqueradeCIDRs from the cluster's, for a runtime without a template of its own (CRI-O).
 For containerd, `--cluster-cidr ... --containerd-template PATH` writes the shipped
 conf/pycni-containerd.conflist.tmpl with the cluster CIDRs in place of its placeholders
-(containerd fills in the node's pod CIDRs itself).
+(containerd fills in the node's pod CIDRs itself). containerd renders it only while no CNI config
+is loaded, so a conflist beside it is a fallback written only where the node's containerd config
+sets no conf_template (conf_template_of; the DaemonSet, deploy/pycni.yaml).
 
 The rules, each refusal naming the value:
 - a CIDR is an IPv4 or IPv6 network with its prefix length written out and no host bits set;
@@ -19,8 +21,11 @@ The rules, each refusal naming the value:
 from __future__ import annotations
 
 import json
+import tomllib
 from collections.abc import Sequence
+from pathlib import Path
 
+from cni.install import trust
 from cni.install.errors import InstallError
 from cni.spec import cidr
 from cni.spec.cidr import Network
@@ -115,3 +120,34 @@ def render(raw: bytes, pod_cidrs: Sequence[str], cluster_cidrs: Sequence[str]) -
     if clusters:
         bridge["nonMasqueradeCIDRs"] = clusters
     return json.dumps(conf, indent=2).encode() + b"\n"
+
+
+# containerd's CRI plugin, whose `cni` table holds conf_template: 1.6 and 1.7 (config version 2),
+# 2.x (version 3; 2.x also reads a version 2 config, migrating the first name to the second)
+CRI_PLUGINS = ("io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime")
+
+
+def conf_template_of(config_dir: Path) -> str | None:
+    """The CRI conf_template the node's containerd config sets (config_dir's config.toml, then
+    its conf.d/*.toml drop-ins in name order, a later one overriding), or None. Root reads only
+    root's files (trust.read_file); one that is not TOML is refused, naming it."""
+    if not config_dir.is_dir():
+        raise InstallError(f"--containerd-config {str(config_dir)!r}: not a directory "
+                           "(containerd's config dir, /etc/containerd)")
+    drop_ins = config_dir / "conf.d"
+    found = None
+    for path in [config_dir / "config.toml",
+                 *(sorted(drop_ins.glob("*.toml")) if drop_ins.is_dir() else [])]:
+        if not (path.exists() or path.is_symlink()):
+            continue
+        try:
+            config = tomllib.loads(trust.read_file(path, "containerd config").decode())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise InstallError(f"containerd config {str(path)!r}: not TOML: {e}") from None
+        plugins = config.get("plugins")
+        for name in CRI_PLUGINS:
+            cni = plugins.get(name, {}).get("cni") if isinstance(plugins, dict) else None
+            value = cni.get("conf_template") if isinstance(cni, dict) else None
+            if isinstance(value, str):
+                found = value or None  # "" is containerd's default: no template
+    return found
