@@ -300,13 +300,16 @@ class CRIContainerd(Containerd):
     and conf_dir (the runtime execs the plugins with its own environment, so env reaches them:
     PYCNI_SOCKET), the pod netns under its own state dir, no pulls (sandbox_image must be
     imported), cgroupfs driver, no AppArmor profile loaded into the machine's kernel, the
-    OOM score never below containerd's own."""
+    OOM score never below containerd's own; with conf_template, CRI's CNI conf_template
+    (rendered into conf_dir once UpdateRuntimeConfig brings the pod CIDRs)."""
 
     namespace = "k8s.io"  # CRI's images and containers live there
 
     def __init__(self, node: Node, work: Path, *, cni_bin: Path, cni_conf: Path,
-                 sandbox_image: str, env: dict[str, str] | None = None) -> None:
+                 sandbox_image: str, env: dict[str, str] | None = None,
+                 conf_template: Path | None = None) -> None:
         self.cni_bin, self.cni_conf, self.sandbox_image = cni_bin, cni_conf, sandbox_image
+        self.conf_template = conf_template
         super().__init__(node, work, env)
 
     def config_toml(self) -> str:
@@ -330,7 +333,8 @@ class CRIContainerd(Containerd):
             f'    bin_dir = "{self.cni_bin}"\n'
             f'    conf_dir = "{self.cni_conf}"\n'
             "    max_conf_num = 1\n"
-            f"  [{cri[1:-1]}.containerd]\n"
+            + (f'    conf_template = "{self.conf_template}"\n' if self.conf_template else "")
+            + f"  [{cri[1:-1]}.containerd]\n"
             '    snapshotter = "overlayfs"\n'
             '    default_runtime_name = "runc"\n'
             f"    [{cri[1:-1]}.containerd.runtimes.runc]\n"

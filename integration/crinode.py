@@ -102,14 +102,15 @@ def node_addresses(node_netns: Netns) -> None:
 @contextlib.contextmanager
 def cri_node(node_netns: Netns, tmp_path: Path, *, bin_dir: Path, conf_dir: Path,
              images: list[Path], daemon: bool, pycni: Path | None = None,
-             env: dict[str, str] | None = None) -> Iterator[CRINode]:
+             env: dict[str, str] | None = None,
+             conf_template: Path | None = None) -> Iterator[CRINode]:
     """The node (with NODE_ADDR, NODE_ADDR6 on its lo), containerd with CRI on bin_dir and
     conf_dir (with `pycni daemon` on and in containerd's environment if asked: the checkout's,
     or the given `pycni` executable's, an installed wheel's; else `env` there), the images
     imported and seen by CRI; everything stopped at exit, pods removed through CRI first."""
     def containerd(node: Node, env: dict[str, str] | None) -> CRIContainerd:
         return CRIContainerd(node, tmp_path / "containerd", cni_bin=bin_dir, cni_conf=conf_dir,
-                             sandbox_image=PAUSE_IMAGE, env=env)
+                             sandbox_image=PAUSE_IMAGE, env=env, conf_template=conf_template)
 
     def load(ctrd: CRIContainerd) -> None:
         for image in images:

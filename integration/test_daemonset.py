@@ -18,6 +18,7 @@ and a call with the daemon gone answers error 11 (docs/DESIGN.md "The forwarder"
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import shutil
@@ -49,6 +50,7 @@ from crinode import (
 pytestmark = pytest.mark.root
 MANIFEST = ROOT / "deploy" / "pycni.yaml"
 CONFLIST = "10-pycni.conflist"
+RENDERED = "10-containerd-net.conflist"  # where containerd renders its conf_template
 
 
 def manifest() -> dict[str, dict[str, Any]]:
@@ -126,7 +128,7 @@ class DaemonSetPod:
                           m.get("mountPropagation") == "HostToContainer")
 
     def start(self, c: dict[str, Any]) -> str:
-        env = {e["name"]: e["value"] for e in c.get("env", [])}  # (no downward API in it)
+        env = container_env(c)
         return self.n.cri.create_start(
             self.pod, c["name"], self.image or c["image"], c.get("command", []),
             c.get("args", []), env=env, mounts=[self.mount(m) for m in c["volumeMounts"]],
@@ -154,10 +156,27 @@ class DaemonSetPod:
         self.n.cri.stop_remove(self.pod.id, self.pod.containers)
 
 
+def container_env(c: dict[str, Any]) -> dict[str, str]:
+    """A container's env as kubelet resolves it: a value, or a key of the manifest's ConfigMap
+    (no downward API in it)."""
+    data = manifest()["ConfigMap"]["data"]
+    return {e["name"]: e["value"] if "value" in e else data[e["valueFrom"]["configMapKeyRef"]
+                                                          ["key"]]
+            for e in c.get("env", [])}
+
+
+def init_arg(option: str) -> str:
+    [init] = manifest()["DaemonSet"]["spec"]["template"]["spec"]["initContainers"]
+    return init["args"][init["args"].index(option) + 1]
+
+
 @contextlib.contextmanager
-def daemonset_node(node_netns, tmp_path: Path, images: list[Path]) -> Iterator[
+def daemonset_node(node_netns, tmp_path: Path, images: list[Path], *,
+                   conf_template: bool = False) -> Iterator[
         tuple[CRINode, dict[str, Path], Path]]:
-    """The node (containerd's CRI, empty CNI dirs) and the DaemonSet's volumes on it."""
+    """The node (containerd's CRI, empty CNI dirs; with conf_template, its CNI conf_template
+    the file the DaemonSet installs) and the DaemonSet's volumes on it (its /etc/containerd:
+    the dir of containerd's config.toml)."""
     bin_dir, conf_dir = tmp_path / "opt-cni-bin", tmp_path / "etc-cni-net.d"
     run = Path(tempfile.mkdtemp(prefix="pycni-ds-", dir="/tmp"))  # short: the socket's dir
     for d in (bin_dir, conf_dir, tmp_path / "run-netns"):
@@ -165,12 +184,16 @@ def daemonset_node(node_netns, tmp_path: Path, images: list[Path]) -> Iterator[
     volumes = {"cni-bin": bin_dir, "cni-conf": conf_dir, "run-pycni": run,
                "cni-state": tmp_path / "var-lib-cni", "netns": tmp_path / "run-netns",
                "config": configmap_volume(tmp_path / "configmap",
-                                          manifest()["ConfigMap"]["data"])}
+                                          manifest()["ConfigMap"]["data"]),
+               "containerd-config": tmp_path / "containerd"}  # cri_node's containerd's
+    # the node's path of the template the init container writes into the node's conf dir
+    template = conf_dir / Path(init_arg("--containerd-template")).name
     # the node's /run/pycni is `run`: the runtime (and so the forwarder) is told where
     env = {"PYCNI_SOCKET": str(run / "pycni.sock")}
     try:
         with cri_node(node_netns, tmp_path, bin_dir=bin_dir, conf_dir=conf_dir, images=images,
-                      daemon=False, env=env) as n:
+                      daemon=False, env=env,
+                      conf_template=template if conf_template else None) as n:
             # a node's /run/netns is a shared mount (`ip netns` makes it so): what the
             # manifest's HostToContainer propagation needs (the runtime refuses otherwise)
             netns = str(volumes["netns"])
@@ -227,6 +250,64 @@ def test_daemonset_pod_gives_cri_pods_their_network(node_netns, oci_image, pause
         n.cri.stop_remove(pod.id, pod.containers)
         assert shared_leftovers(n, conf["name"], pod.id) == []
         assert http_get(n.node, NODE_ADDR, 8080) == ""
+        ds.remove()
+
+
+POD_CIDR = "10.244.7.0/24"  # the node's podCIDR, as kube-controller-manager allocates it
+
+
+def test_containerd_conf_template_gives_pods_the_nodes_own_pod_cidr(
+        node_netns, oci_image, pause_image, pycni_image, tmp_path) -> None:
+    """A containerd node whose conf_template is the file the DaemonSet installs: kubelet's
+    UpdateRuntimeConfig with the node's podCIDR makes containerd render it (no conflist of the
+    ConfigMap's in the way), and a CRI pod gets its address in that CIDR from the daemon in the
+    DaemonSet's container, the cluster CIDR of the ConfigMap left unmasqueraded."""
+    import grpc
+
+    need("containerd", "ctr", "runc", "nsenter", "unshare", "curl", "tc")
+    docs = manifest()
+    template = docs["DaemonSet"]["spec"]["template"]
+    cluster_cidr = docs["ConfigMap"]["data"]["cluster-cidr"]
+    assert ipaddress.ip_network(POD_CIDR).subnet_of(ipaddress.ip_network(cluster_cidr))
+    with daemonset_node(node_netns, tmp_path, [pause_image, oci_image, pycni_image],
+                        conf_template=True) as (n, volumes, run):
+        conf_dir = volumes["cni-conf"]
+        node_template = conf_dir / Path(init_arg("--containerd-template")).name
+        config = volumes["containerd-config"] / "config.toml"  # what containerd runs on
+        assert f'conf_template = "{node_template}"' in config.read_text()
+        # kubelet, once the node has its podCIDR: before the DaemonSet pod, containerd cannot
+        # read the template and refuses; kubelet tries again at each node status update
+        with pytest.raises(grpc.RpcError) as refused:
+            n.cri.update_runtime_config(POD_CIDR)
+        assert str(node_template) in str(refused.value.details()), refused.value
+        ds = DaemonSetPod(n, template, volumes, tmp_path / "ds-logs")
+        assert node_template.is_file()
+        assert not (conf_dir / CONFLIST).exists()  # it would keep containerd from rendering
+        assert "containerd's conf_template is" in ds.logs("install"), ds.logs("install")
+        n.cri.update_runtime_config(POD_CIDR)  # kubelet's next try
+        rendered = wait_for("containerd's rendered conflist", lambda: (
+            json.loads(p.read_text()) if (p := conf_dir / RENDERED).exists() else None),
+            timeout=60)
+        bridge = next(p for p in rendered["plugins"] if p["type"] == "bridge")
+        assert bridge["ipam"]["ranges"] == [[{"subnet": POD_CIDR}]]
+        assert bridge["nonMasqueradeCIDRs"] == [cluster_cidr]
+        wait_for("the runtime's NetworkReady", n.cri.network_ready, timeout=60, interval=0.5)
+        ds.wait_ready()
+
+        # run_web_pod checks each IP in the range of the chain's bridge (CRI adds loopback)
+        conf = {**rendered, "plugins": [p for p in rendered["plugins"]
+                                        if p["type"] != "loopback"]}
+        pod, ips = run_web_pod(n, conf, tmp_path / "pod-logs")
+        assert ipaddress.ip_address(ips[0]) in ipaddress.ip_network(POD_CIDR), ips
+        wait_host_port(n, ips)
+        code, out = n.cri.exec_sync(ds.main, ["/opt/pycni/bin/python", "-c",
+                                              "import json; from cni.fast import status; "
+                                              "print(json.dumps(status.query("
+                                              "'/run/pycni/pycni.sock')))"])
+        assert code == 0, out
+        assert json.loads(out)["answered"] >= 3, out  # the ADD's three plugins, at least
+        n.cri.stop_remove(pod.id, pod.containers)
+        assert shared_leftovers(n, conf["name"], pod.id) == []
         ds.remove()
 
 
@@ -359,6 +440,12 @@ def test_podman_kube_play_of_the_pod_template(node_netns, pause_image, pycni_ima
     [config] = [v for v in volumes if "configMap" in v]
     volumes[volumes.index(config)] = {"name": config["name"],
                                       "hostPath": {"path": str(conflist), "type": "File"}}
+    # the node's /etc/containerd (no containerd config: the ConfigMap's conflist), never the
+    # machine's; the ConfigMap for the env the install's args name
+    [ctrd] = [v for v in volumes if v["name"] == "containerd-config"]
+    ctrd["hostPath"]["path"] = str(tmp_path / "etc-containerd")
+    configmap = tmp_path / "configmap.yaml"
+    configmap.write_text(yaml.safe_dump(docs["ConfigMap"]))
     for c in pod_yaml["spec"]["initContainers"]:
         for m in c["volumeMounts"]:
             if m["name"] == config["name"]:
@@ -381,7 +468,8 @@ def test_podman_kube_play_of_the_pod_template(node_netns, pause_image, pycni_ima
         with cleanup(podman.stop):
             for archive in (pause_image, pycni_image):
                 podman.run("load", "-q", "-i", str(archive), timeout=600)
-            played = podman.run("kube", "play", str(kube), check=False, timeout=600)
+            played = podman.run("kube", "play", "--configmap", str(configmap), str(kube),
+                                check=False, timeout=600)
             if played.returncode != 0:
                 logs = [podman.run("logs", cid, check=False).stderr
                         for cid in podman.run("ps", "-aq", check=False).stdout.split()]

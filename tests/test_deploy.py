@@ -71,7 +71,7 @@ def test_daemonset_runs_install_then_the_daemon_on_the_nodes_paths() -> None:
     assert update["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
     host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert set(host_paths.values()) == {"/opt/cni/bin", "/etc/cni/net.d", "/run/pycni",
-                                        "/var/lib/cni", "/run/netns"}
+                                        "/var/lib/cni", "/run/netns", "/etc/containerd"}
     [init] = spec["initContainers"]
     [daemon] = spec["containers"]
     for c in (init, daemon):
@@ -89,6 +89,38 @@ def test_daemonset_runs_install_then_the_daemon_on_the_nodes_paths() -> None:
     daemon_mounts = {m["mountPath"]: host_paths.get(m["name"]) for m in daemon["volumeMounts"]}
     assert daemon_mounts["/run/pycni"] == "/run/pycni"  # the socket the forwarder dials
     assert "/run/pycni/pycni.sock" in " ".join(daemon["readinessProbe"]["exec"]["command"])
+
+
+def test_init_container_installs_the_containerd_template_where_the_runtime_reads_it() -> None:
+    """The node's pod CIDR through containerd's conf_template: the template goes into the node's
+    conf dir under a name no runtime loads as a config (libcni's ConfFiles and CRI-O's ocicni
+    take .conf, .conflist, .json), its cluster CIDR is the ConfigMap's (install's
+    --cluster-cidr from the env), and the node's containerd config is mounted read-only so
+    install knows whether containerd renders it; the manifest's comments give the key to set."""
+    from cni.install import cluster
+
+    docs = documents()
+    spec = docs["DaemonSet"]["spec"]["template"]["spec"]
+    [init] = spec["initContainers"]
+    args = init["args"]
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    mounts = {m["mountPath"]: m for m in init["volumeMounts"]}
+    template = Path(args[args.index("--containerd-template") + 1])
+    assert template.suffix not in (".conf", ".conflist", ".json")
+    assert str(template.parent) == args[args.index("--conf-dir") + 1]
+    node_template = Path(host_paths[mounts[str(template.parent)]["name"]]) / template.name
+    assert "--cluster-cidr" not in args
+    [env] = [e for e in init["env"] if e["name"] == "PYCNI_CLUSTER_CIDR"]
+    ref = env["valueFrom"]["configMapKeyRef"]
+    assert ref["name"] == docs["ConfigMap"]["metadata"]["name"]
+    cidr = docs["ConfigMap"]["data"][ref["key"]]
+    assert cluster.cluster_networks([cidr]) == [cidr]  # valid as written
+    config = mounts[args[args.index("--containerd-config") + 1]]
+    assert config["readOnly"] is True and host_paths[config["name"]] == "/etc/containerd"
+    head = MANIFEST.read_text().split("\napiVersion:", 1)[0]
+    for plugin in cluster.CRI_PLUGINS:  # containerd 1.6/1.7, 2.x
+        assert re.search(rf"{re.escape(plugin)}.*\.cni\]\s*#\s+conf_template = "
+                         rf'"{re.escape(str(node_template))}"', head), plugin
 
 
 def test_configmap_conflist_is_the_shipped_one_for_cri() -> None:

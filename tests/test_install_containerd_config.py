@@ -38,12 +38,12 @@ def node(tmp_path: Path) -> dict[str, Path]:
             "containerd": containerd}
 
 
-def install(node: dict[str, Path], *more: str, cluster: str = "10.244.0.0/16"
+def install(node: dict[str, Path], *more: str, cluster: str | None = "10.244.0.0/16"
             ) -> tuple[int, str]:
     return cli("install", "--no-compile", "--bin-dir", str(node["bin"]), "--conf-dir",
                str(node["conf"]), "--conflist", str(node["conflist"]), "--containerd-template",
-               str(node["conf"] / TMPL), "--cluster-cidr", cluster, "--containerd-config",
-               str(node["containerd"]), *more)
+               str(node["conf"] / TMPL), "--containerd-config", str(node["containerd"]),
+               *(["--cluster-cidr", cluster] if cluster is not None else []), *more)
 
 
 def recorded(node: dict[str, Path]) -> set[str]:
@@ -117,6 +117,30 @@ def test_refusals_name_the_value_and_write_nothing(node, tmp_path, more, cluster
     (node["containerd"] / "config.toml").write_text(V2.format(node["conf"] / TMPL))
     before = snapshot(tmp_path)
     code, out = install(node, *more, cluster=cluster)
+    assert code == 2 and named in out, out
+    assert snapshot(tmp_path) == before
+
+
+def test_the_cluster_cidrs_from_the_env(node, monkeypatch) -> None:
+    """The DaemonSet gives them as PYCNI_CLUSTER_CIDR (a ConfigMap key): space-separated."""
+    (node["containerd"] / "config.toml").write_text(V2.format(node["conf"] / TMPL))
+    monkeypatch.setenv("PYCNI_CLUSTER_CIDR", "fd00:10:244::/56 10.244.0.0/16")
+    code, out = install(node, cluster=None)
+    assert code == 0, out
+    line = nonmasq(node["conf"] / TMPL)
+    assert '"10.244.0.0/16"' in line and '"fd00:10:244::/56"' in line, line
+
+
+@pytest.mark.parametrize("value,named", [
+    ("10.244.0.0/16 10.245.0.0/16", "--cluster-cidr '10.245.0.0/16': a second IPv4 one"),
+    ("10.244.0.0", "--cluster-cidr '10.244.0.0'"),
+    ("", "--containerd-template needs --cluster-cidr"),  # an empty ConfigMap key
+], ids=["two-v4", "no-prefix", "empty"])
+def test_bad_cluster_cidrs_from_the_env_write_nothing(node, tmp_path, monkeypatch, value,
+                                                      named) -> None:
+    monkeypatch.setenv("PYCNI_CLUSTER_CIDR", value)
+    before = snapshot(tmp_path)
+    code, out = install(node, cluster=None)
     assert code == 2 and named in out, out
     assert snapshot(tmp_path) == before
 

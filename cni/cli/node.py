@@ -35,8 +35,10 @@ from cni import install as inst
 @click.option("--pod-cidr", "pod_cidrs", multiple=True, metavar="CIDR",
               help="This node's pod CIDR (one per family): the conflist's host-local ranges.")
 @click.option("--cluster-cidr", "cluster_cidrs", multiple=True, metavar="CIDR",
+              envvar="PYCNI_CLUSTER_CIDR",
               help="The cluster's pod CIDR holding --pod-cidr (one per family): traffic to it "
-                   "is not masqueraded (bridge nonMasqueradeCIDRs).")
+                   "is not masqueraded (bridge nonMasqueradeCIDRs). Also PYCNI_CLUSTER_CIDR "
+                   "(space-separated: a ConfigMap key in a pod's env).")
 @click.option("--containerd-template", type=click.Path(path_type=Path), default=None,
               metavar="PATH", help="Write containerd's CNI conf_template here, with the "
               "--cluster-cidr values, instead of a conflist.")

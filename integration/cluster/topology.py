@@ -138,14 +138,8 @@ class TemplatedContainerd(CRIContainerd):
     """containerd's CRI with conf_template set: the conflist comes from UpdateRuntimeConfig."""
 
     def __init__(self, *args: Any, conf_template: Path, **kw: Any) -> None:
-        self.conf_template, self.env = conf_template, kw.get("env")
-        super().__init__(*args, **kw)
-
-    def config_toml(self) -> str:
-        line = "    max_conf_num = 1\n"
-        toml = super().config_toml()
-        assert line in toml
-        return toml.replace(line, f'{line}    conf_template = "{self.conf_template}"\n')
+        self.env = kw.get("env")
+        super().__init__(*args, conf_template=conf_template, **kw)
 
     def restart(self) -> None:
         """SIGTERM and start again on the same config and state, as `systemctl restart
