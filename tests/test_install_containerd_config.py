@@ -107,6 +107,18 @@ def test_the_template_taking_over_removes_the_conflist_install_wrote(node) -> No
     assert sorted(node["conf"].iterdir()) == [admins]
 
 
+def test_a_fallback_edited_since_is_left_and_said(node) -> None:
+    code, out = install(node)
+    assert code == 0, out
+    conflist = node["conf"] / inst.DEFAULT_CONFLIST
+    conflist.write_text(conflist.read_text().replace("cni0", "cni1"))  # an admin's edit
+    (node["containerd"] / "config.toml").write_text(V2.format(node["conf"] / TMPL))
+    code, out = install(node)
+    assert code == 0, out
+    assert f"left {conflist}: changed since install" in out and conflist.exists()
+    assert recorded(node) == {str(node["conf"] / TMPL)}  # not install's to remove any more
+
+
 @pytest.mark.parametrize("more,cluster,named", [
     ([], "10.244.0.1/16", "--cluster-cidr '10.244.0.1/16'"),
     ([], "pods", "--cluster-cidr 'pods'"),
@@ -166,4 +178,18 @@ def test_the_config_dir_goes_only_with_the_template(node, tmp_path) -> None:
     before = snapshot(tmp_path)
     code, out = install(node)
     assert code == 1 and f"--containerd-config '{node['containerd']}': not a directory" in out
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.root
+def test_a_containerd_config_root_does_not_own_is_refused(node, tmp_path) -> None:
+    """Who can write the config decides whether the conflist is written: root's alone."""
+    import os
+
+    config = node["containerd"] / "config.toml"
+    config.write_text(V2.format(node["conf"] / TMPL))
+    os.chown(config, 65534, 65534)  # nobody
+    before = snapshot(tmp_path)
+    code, out = install(node)
+    assert code == 1 and "containerd config" in out and str(config) in out, out
     assert snapshot(tmp_path) == before

@@ -335,6 +335,10 @@ def _unlink_dropped(manifest: Manifest, planned: set[str],
             done.append(f"removed {path} ({why})")
             if e.backup and Path(e.backup).exists():
                 os.replace(e.backup, path)
+                done.append(f"restored {path} from {e.backup}")
+        elif path.parent == conflists_in and path.exists():
+            done.append(f"left {path}: changed since install, not ours any more (containerd "
+                        "renders no conf_template while a conflist is loaded)")
         manifest.entries.remove(e)
     return done
 
