@@ -77,8 +77,7 @@ def check_files(name: str, target: str, sites: list[str]) -> str:
     distribution declaring `name` are root's alone; -> the module's path."""
     import pkgutil
 
-    from cni.install import trust
-    from cni.install.errors import InstallError
+    from cni.host.safewalk import Untrusted, check_tree, walk
 
     top = target.partition(":")[0].split(".")[0]
     # Where `top` is in the site dirs alone (the first of them that has it), found, not imported.
@@ -89,17 +88,17 @@ def check_files(name: str, target: str, sites: list[str]) -> str:
     try:
         locations = list(spec.submodule_search_locations or [])
         for where in locations:  # a package: its dir and every file under it
-            trust.check_tree(Path(where), f"plugin {name}'s package")
+            check_tree(Path(where), f"plugin {name}'s package")
         if not locations:
-            trust.walk(spec.origin, f"plugin {name}'s module")
+            walk(spec.origin, f"plugin {name}'s module")
         dist = registry.DISTS.get(name)
         info = getattr(dist, "_path", None)
         if info is not None:
-            trust.check_tree(Path(info), f"plugin {name}'s dist-info")
+            check_tree(Path(info), f"plugin {name}'s dist-info")
         for path in _recorded(dist, sites):  # its other modules too (RECORD)
-            trust.walk(path, f"plugin {name}'s file")
-    except InstallError as e:
-        raise Refused(str(e).split("; install reads")[0]) from None
+            walk(path, f"plugin {name}'s file")
+    except Untrusted as e:
+        raise Refused(str(e)) from None
     path = locations[0] if locations else spec.origin
     from importlib.util import find_spec
 

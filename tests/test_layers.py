@@ -17,8 +17,8 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": set(),
     "plugins": {"ipam", "host", "skel"},
     "ipam": {"host", "skel", "cni.runtime.invoke"},
-    # plugload (skel's layer) checks a plugin's files by install's rule before skel imports it
-    "skel": {"cni.host.errors", "cni.install.trust", "cni.install.errors"},
+    # plugload (skel's layer) walks a plugin's files by safedir's rule before skel imports it
+    "skel": {"cni.host.errors", "cni.host.safewalk"},
     "host": set(),
     "contract": set(),
 }

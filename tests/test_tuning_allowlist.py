@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from cnitest import Netns
+from test_daemon import start_daemon  # noqa: F401 (a fixture)
 
 from cni.plugins import tuning_allowlist
 from cni.plugins.tuning_allowlist import PatternError
@@ -151,3 +152,52 @@ def test_add_admits_and_refuses_as_the_reference(eth0: Netns, tmp_path: Path,
     allow.write_text("^net\\.core\\.somaxconn$\n(?=x)\n")
     assert _add(eth0, tmp_path, {"net.core.somaxconn": "512"}, "ctr4")["code"] == 0
     assert eth0.run("cat", "/proc/sys/net/core/somaxconn").stdout.strip() == "512"
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not os.path.isdir("/etc/cni"), reason="no /etc/cni to mount over")
+def test_through_the_daemon_the_callers_allowlist_and_the_spare_comes_back(
+        host: Netns, eth0: Netns, start_daemon, tmp_path: Path) -> None:  # noqa: F811
+    """The executable as a runtime runs it, through the daemon: the allowlist at its real path
+    as the caller's mount namespace has it (a tmpfs over /etc/cni in the caller's own mount
+    namespace), read by the spare that entered it; RE2 imported before the fork, so the
+    request imports nothing and the spare serves again (a spare whose request imported a
+    module exits, and the next request pays for a fork and a warm-up)."""
+    from cnitest import BIN
+    from test_daemon import wait_for
+    from test_spare_reuse import NOT_BACK
+
+    daemon = start_daemon(host, "--spares", "1", "--max-spares", "1")
+    wait_for(lambda: len(daemon.named("pycni-spare")) == 1, "the spare")
+    spare = daemon.named("pycni-spare")
+    daemon.wait_warm(spare)
+    rp = "/proc/sys/net/ipv4/conf/eth0/rp_filter"
+    line = "^net\\.ipv4\\.conf\\.[[:alnum:]]+\\.rp_filter\\z"
+    caller = ("mount -t tmpfs -o mode=0755 pycni-test /etc/cni && mkdir /etc/cni/tuning && "
+              'printf "%s\\n" "$1" > /etc/cni/tuning/allowlist.conf && '
+              'exec ip netns exec "$2" "$3"')
+
+    def add(cid: str, sysctl: dict[str, str]) -> tuple[int, dict]:
+        conf = {"cniVersion": "1.0.0", "name": "t", "type": "tuning", "sysctl": sysctl,
+                "dataDir": str(tmp_path / "data"),
+                "prevResult": {"cniVersion": "1.0.0",
+                               "interfaces": [{"name": "eth0", "sandbox": eth0.path}]}}
+        env = {"PATH": os.environ["PATH"], "CNI_COMMAND": "ADD", "CNI_CONTAINERID": cid,
+               "CNI_NETNS": eth0.path, "CNI_IFNAME": "eth0", "CNI_PATH": str(BIN),
+               **daemon.env}
+        proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                               caller, "sh", line, host.name, str(BIN / "tuning")],
+                              input=json.dumps(conf).encode(), env=env, capture_output=True)
+        return proc.returncode, json.loads(proc.stdout or b"{}")
+
+    code, out = add("ctr1", {"net.ipv4.conf.eth0.arp_notify": "1"})
+    assert code == 1 and out["code"] == 7, out
+    assert out["msg"].startswith("Sysctl net.ipv4.conf.eth0.arp_notify is not allowed"), out
+    code, out = add("ctr2", {"net.ipv4.conf.eth0.rp_filter": "2"})
+    assert code == 0 and out["interfaces"][0]["name"] == "eth0", out
+    assert eth0.run("cat", rp).stdout.strip() == "2"
+    daemon.wait_served(2)
+    wait_for(lambda: daemon.named("pycni-spare") == spare, "the spare back")
+    log = daemon.log.read_text()
+    assert NOT_BACK not in log and "imported" not in log, log
+    assert daemon.status()["spares"]["retired"] == 0

@@ -14,8 +14,9 @@ log = logging.getLogger("pycni.daemon")
 HEAVY_MODULES = ("cni.spec.config", "nftables", "cni.skel", "pyroute2")  # config: pydantic
 # Imported inside functions on the request path: imported here, or every child pays for it
 # (bandwidth's tc/ifb/peer alone cost ~3 ms a request: module bodies, dataclass builds);
-# subprocess for an IPAM plugin that is not ours (~2.5 ms).
-LAZY_MODULES = ("traceback", "subprocess")
+# subprocess for an IPAM plugin that is not ours (~2.5 ms); re2 for tuning's allowlist (a
+# module a request imports makes its spare exit after it: child.back_home).
+LAZY_MODULES = ("traceback", "subprocess", "re2")
 PACKAGES = ("cni.spec", "cni.host", "cni.ipam", "cni.plugins")  # every module in them, too
 
 

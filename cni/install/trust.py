@@ -28,72 +28,41 @@ import os
 import stat
 from pathlib import Path
 
-from cni.host import safedir
+from cni.host import safedir, safewalk
 from cni.install.errors import InstallError
 
-MAX_HOPS = 40  # symlinks followed in one path, as the kernel's ELOOP limit
 trusted_uids = safedir.trusted_uids  # the owners the rule accepts: root, and the euid
+RULE = ("install reads and writes only what root owns and no one else can write (nothing was "
+        "written)")
+
+
+def _install_error(e: safewalk.Untrusted) -> InstallError:
+    return InstallError(f"{e}; {RULE}" if e.rule else str(e))
 
 
 def _check(what: str, path: str, st: os.stat_result, ancestor: bool) -> None:
-    """The rule is cni.host.safedir's (tuning's dataDir walks by it too); a link passes on its
-    owner alone: where it points is walked next."""
-    why = safedir.why_untrusted(st, ancestor=ancestor)
-    if why:
-        raise InstallError(f"{what}: {safedir.describe(path, st, why)}; install reads and "
-                           "writes only what root owns and no one else can write (nothing was "
-                           "written)")
+    """The rule is cni.host.safedir's (tuning's dataDir walks by it too)."""
+    try:
+        safewalk.check(what, path, st, ancestor)
+    except safewalk.Untrusted as e:
+        raise _install_error(e) from None
 
 
 def walk(path: Path | str, what: str, *, ancestor: bool = False) -> str:
-    """Check every component of path (absolute, or relative to the cwd) and of every symlink on
-    the way; the real path. ancestor: path is only a dir something below it is looked up in (a
-    root-owned sticky dir passes). InstallError if a component fails or does not exist."""
-    pending = [c for c in os.path.abspath(path).split("/") if c]
-    cur = "/"
-    _check(what, cur, os.lstat(cur), ancestor or bool(pending))
-    hops = 0
-    while pending:
-        name = pending.pop(0)
-        if name == ".":
-            continue
-        if name == "..":
-            cur = os.path.dirname(cur)
-            continue
-        nxt = os.path.join(cur, name)
-        try:
-            st = os.lstat(nxt)
-        except FileNotFoundError:
-            raise InstallError(f"{what}: {nxt} does not exist") from None
-        except OSError as e:
-            raise InstallError(f"{what}: {nxt}: {e.strerror}") from None
-        _check(what, nxt, st, ancestor or bool(pending))
-        if stat.S_ISLNK(st.st_mode):
-            hops += 1
-            if hops > MAX_HOPS:
-                raise InstallError(f"{what}: {path}: too many symlinks")
-            target = os.readlink(nxt)
-            if target.startswith("/"):
-                cur = "/"
-            pending = [c for c in target.split("/") if c] + pending
-            continue
-        cur = nxt
-    return cur
+    """cni.host.safewalk.walk (every component, every symlink hop); InstallError if it fails."""
+    try:
+        return safewalk.walk(path, what, ancestor=ancestor)
+    except safewalk.Untrusted as e:
+        raise _install_error(e) from None
 
 
 def check_tree(top: Path, what: str) -> None:
-    """top walked, then every dir and file under it: root's and writable by root alone (the
-    package install copies and compiles; a link in it, as cni/data's in a checkout, walked)."""
-    walk(top, what)
-    for dirpath, dirs, names in os.walk(top):
-        for name in dirs + names:
-            path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                _check(what, path, st, ancestor=False)
-                walk(path, what)
-            else:
-                _check(what, path, st, ancestor=False)
+    """top walked, then every dir and file under it (the package install copies and compiles;
+    a link in it, as cni/data's in a checkout, walked)."""
+    try:
+        safewalk.check_tree(top, what)
+    except safewalk.Untrusted as e:
+        raise _install_error(e) from None
 
 
 def walk_dir_to_make(path: Path, what: str) -> None:
