@@ -13,8 +13,12 @@ setup:
 demo: setup
 	$(PY) -m cni.cli demo
 
+# Then the reliability runs' kills mid-verb, connection flood and hostile input once more, the
+# plugin executables being `pycni install --forwarder`'s (issue 48: the same plugin either way).
+FORWARDER_RELIABILITY := tests/reliability/test_rel_daemon.py tests/reliability/test_rel_hostile.py
 test: setup forwarder-check forwarder
 	./scripts/test.sh $(PYTEST_ARGS)
+	PYCNI_TEST_FORWARDER=1 ./scripts/test.sh $(FORWARDER_RELIABILITY)
 
 # Three nodes in namespaces (two on containerd, one on CRI-O, routes from BIRD): the Kubernetes
 # network model across nodes (integration/cluster/, docs/CLUSTER.md).
@@ -42,12 +46,15 @@ lint: setup
 bench: setup forwarder
 	$(PY) bench/run.py
 
-# The long runs (about an hour on 2 cores); the figures of this run alone, summed, at the end.
+# The long runs (about an hour on 2 cores), then the daemon, fault and hostile ones again through
+# the forwarder; the figures of this run alone, summed, at the end.
 FIGURES ?= /tmp/pycni-reliability-long.jsonl
-reliability: setup
+reliability: setup forwarder
 	rm -f $(FIGURES)
 	PYCNI_LONG=1 PYCNI_FIGURES=$(FIGURES) ./scripts/test.sh -m slow tests/reliability; \
-	rc=$$?; $(PY) tests/reliability/report.py $(FIGURES); exit $$rc
+	rc=$$?; PYCNI_TEST_FORWARDER=1 PYCNI_LONG=1 PYCNI_FIGURES=$(FIGURES) ./scripts/test.sh -m slow \
+	$(FORWARDER_RELIABILITY) tests/reliability/test_rel_faults.py || rc=1; \
+	$(PY) tests/reliability/report.py $(FIGURES); exit $$rc
 
 # A Debian node in qemu (integration/vm/vm.py): image built once into build/vm, pycni installed
 # with systemd, cnitool + containerd's CRI + VLANs + a real reboot (docs/kubernetes.md).
