@@ -27,10 +27,12 @@ cluster-test: setup
 
 # The static forwarder (forwarder/, docs/DESIGN.md "The forwarder"): Go's standard library only,
 # no module proxy, the build cache in build/ (a fresh clone builds it; golang-go from setup.sh).
+# -buildvcs=false: the binary's bytes, and so make image's key, are the sources' alone (a VCS
+# stamp says whether the tree has changes: make test's image would not be vm-test's).
 GO := CGO_ENABLED=0 GOPROXY=off GOFLAGS= GOTOOLCHAIN=local \
 	GOCACHE=$(CURDIR)/build/go-cache GOPATH=$(CURDIR)/build/gopath go
 forwarder:
-	cd forwarder && $(GO) build -trimpath -ldflags='-s -w' -o $(CURDIR)/build/forwarder/pycni-forwarder .
+	cd forwarder && $(GO) build -trimpath -buildvcs=false -ldflags='-s -w' -o $(CURDIR)/build/forwarder/pycni-forwarder .
 
 forwarder-check:
 	cd forwarder && $(GO) vet ./... && $(GO) test ./...

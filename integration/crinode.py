@@ -114,7 +114,9 @@ def cri_node(node_netns: Netns, tmp_path: Path, *, bin_dir: Path, conf_dir: Path
 
     def load(ctrd: CRIContainerd) -> None:
         for image in images:
-            ctrd.ctr("images", "import", str(image))
+            # pycni's image is a 200 MiB layer: digesting and unpacking it took over 2 min
+            # under the VM's TCG (make vm-test's daemonset step)
+            ctrd.ctr("images", "import", str(image), timeout=900)
 
     with runtime_node(node_netns, tmp_path, bin_dir=bin_dir, conf_dir=conf_dir, daemon=daemon,
                       start=containerd, load=load, runtime_name="containerd",

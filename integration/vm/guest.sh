@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # One step of `make vm-test`, run as root inside the VM (integration/vm/vm.py calls it over ssh):
-#   guest.sh setup|install|cnitool|cri|crio|vlan|pods-before-reboot|after-reboot|uninstall
-#   guest.sh daemonset   (not in the default run: vm.py --steps setup,daemonset)
+#   guest.sh setup|install|cnitool|cri|daemonset|crio|vlan|pods-before-reboot|after-reboot|uninstall
 # The node is a real one: systemd as PID 1, pycni installed as the README tells a user (its wheel
 # into a venv of its own, /opt/pycni-venv, then `pycni install` into /opt/cni/bin and
 # /etc/cni/net.d with its socket unit), cnitool built from Debian's libcni, containerd and CRI-O
@@ -123,6 +122,8 @@ daemonset)
   # deploy/pycni.yaml's DaemonSet pod through containerd's CRI as kubelet runs it, and CRI pods
   # networked by its daemon, a rolling update, the pod gone (11) and back; the image built on
   # the host (vm.py's pod-image step). No podman on the node: its kube play case is deselected.
+  # Like cri, on throwaway nodes (own containerd, netns, CNI dirs and socket, in test.sh's
+  # private mounts): the installed pycni, its socket and its store are not touched.
   cd "$ROOT" && PYCNI_IMAGE_ARCHIVE=$ROOT/build/image/pycni.oci.tar \
     scripts/test.sh -q integration/test_daemonset.py -k "not podman"
   ;;
