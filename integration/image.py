@@ -46,6 +46,7 @@ PACKAGES = ("python3", "python3-venv", "libnftables1")
 DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*",
                  "/usr/share/info/*")
 HOST_PACKAGES = ("mmdebstrap", "buildah")
+MERGED_USR_HOOK = "/usr/share/mmdebstrap/hooks/merged-usr"
 # What the wheel is built from (vm.project_wheel): a change there is a new image.
 WHEEL_INPUTS = ("cni/", "conf/", "bin/", "pyproject.toml", "README.md", "LICENSE")
 
@@ -55,7 +56,7 @@ def say(line: str) -> None:
 
 
 def base_key() -> str:
-    text = "\n".join([vm.SUITE, *PACKAGES, *DPKG_EXCLUDES])
+    text = "\n".join([vm.SUITE, *PACKAGES, *DPKG_EXCLUDES, MERGED_USR_HOOK])
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -80,7 +81,10 @@ def base_rootfs() -> Path:
     WORK.mkdir(parents=True, exist_ok=True)
     tmp = WORK / f"partial-{tar.name}"
     tmp.unlink(missing_ok=True)
+    # merged /usr made by mmdebstrap's hook, not by the usrmerge package (it pulls in perl:
+    # ~50 MB of a 200 MB image, imported into every node's containerd)
     vm.logged("mmdebstrap", "--variant=essential", "--include=" + ",".join(PACKAGES),
+              f"--hook-dir={MERGED_USR_HOOK}",
               *(f"--dpkgopt=path-exclude={p}" for p in DPKG_EXCLUDES),
               "--customize-hook=rm -rf \"$1\"/var/cache/apt \"$1\"/var/lib/apt/lists",
               vm.SUITE, tmp, vm.debian_mirror())
@@ -133,6 +137,9 @@ def build() -> tuple[Path, bool]:
         buildah("run", "--network", "none", ctr, "--", f"{VENV}/bin/pip", "install", "-q",
                 "--no-cache-dir", "--no-index", "--find-links", "/tmp/wheelhouse",
                 f"/tmp/wheelhouse/{wheel}")
+        # pip and setuptools installed the venv; nothing in the image runs them after
+        buildah("run", "--network", "none", ctr, "--", f"{VENV}/bin/python", "-m", "pip",
+                "uninstall", "-q", "-y", "pip", "setuptools")
         buildah("run", "--network", "none", ctr, "--", "/bin/rm", "-rf", "/tmp/wheelhouse")
         if FORWARDER.is_file():
             buildah("copy", "--chmod", "0755", ctr, FORWARDER, f"{VENV}/bin/pycni-forwarder")
