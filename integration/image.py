@@ -124,6 +124,11 @@ def build() -> tuple[Path, bool]:
     vm.HOST_LOG = WORK / "build.log"  # vm.logged's log: ours, not the VM's
     vm.host_packages(HOST_PACKAGES)
     base = base_rootfs()
+    with vm.house_lock():  # the wheelhouse and the wheel stay as they are until it is built
+        return _build(key, stamp, base)
+
+
+def _build(key: str, stamp: Path, base: Path) -> tuple[Path, bool]:
     house = vm.wheelhouse()
     wheel = vm.project_wheel(house)
     store = WORK / "store"

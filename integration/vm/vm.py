@@ -14,6 +14,7 @@ no Debian 12 package: the guest gets shared/reference/bin's crio and pinns (besi
 CPU advertises vmx/svm.
 
     python3 integration/vm/vm.py [--keep] [--steps a,b,...]      (make vm-test)
+    python3 integration/vm/vm.py --image-only                    (.ci/run, beside make test)
     python3 integration/vm/vm.py --clean                         (make vm-clean)
     python3 integration/vm/vm.py --box                           (make vagrant-box)
 
@@ -26,6 +27,8 @@ the image's own kernel and initrd (the disk has no bootloader).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -189,6 +192,16 @@ def build_image() -> Path:
             shutil.rmtree(old, ignore_errors=True)
     tmp.rename(base)
     return base
+
+
+@contextlib.contextmanager
+def house_lock() -> Iterator[None]:
+    """One process at a time on the wheelhouse and pycni's wheel in it: .ci/run's --image-only
+    runs beside make test, whose DaemonSet test builds make image from the same wheelhouse."""
+    WORK.mkdir(parents=True, exist_ok=True)
+    with open(WORK / ".wheelhouse.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def wheelhouse() -> Path:
@@ -537,6 +550,9 @@ def main() -> int:
     parser.add_argument("--box", action="store_true",
                         help="build the image's Vagrant box (libvirt) and add it, then exit")
     parser.add_argument("--keep", action="store_true", help="leave the VM running at the end")
+    parser.add_argument("--image-only", action="store_true",
+                        help="build (or find cached) the image and the wheelhouse, then exit: "
+                             ".ci/run does it while make test runs")
     parser.add_argument("--steps", default=",".join(STEPS), help="guest steps to run, in order")
     args = parser.parse_args()
     if args.clean:
@@ -564,12 +580,15 @@ def main() -> int:
         host_packages()
         cached = (WORK / image_key() / "disk.raw").exists()
         image["base"] = build_image()
-        wheel = project_wheel(wheelhouse())
+        with house_lock():
+            wheel = project_wheel(wheelhouse())
         return True, f"{'cached' if cached else 'built'} {image['base'].relative_to(ROOT)}; {wheel}"
 
     if not r.step("image", prepare):
         say(f"0 passed, {len(r.failed)} failed")
         return 1
+    if args.image_only:
+        return 0
     run_dir = WORK / "run"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
