@@ -476,8 +476,8 @@ def load_line() -> str:
         return "- load: not recorded"
     peak = max(LOAD, key=lambda x: x[1])
     steps = ", ".join(f"{phase} {value:.1f}" for phase, value in LOAD)
-    return (f"- load (1-min average, {os.cpu_count()} CPUs; others' tests and a VM share the "
-            f"box): peak {peak[1]:.1f} ({peak[0]}); {steps}")
+    return (f"- load (1-min average, {os.cpu_count()} CPUs, the bench's own work included): "
+            f"peak {peak[1]:.1f} ({peak[0]}); {steps}")
 
 
 def machine() -> list[str]:
