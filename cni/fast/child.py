@@ -21,6 +21,7 @@ import fcntl
 import gc
 import logging
 import os
+import select
 import signal
 import socket
 import struct
@@ -37,7 +38,7 @@ from cni.fast import protocol as proto
 from cni.fast.fds import close_all, fds_from
 from cni.fast.preload import keep_home_sockets, set_environ, warm_requests, warm_up
 from cni.fast.procs import become_subreaper, comm, set_name
-from cni.host import nsfd, procfs
+from cni.host import netns, nsfd, procfs
 
 log = logging.getLogger("pycni.daemon")
 
@@ -52,6 +53,9 @@ SPARE = "pycni-spare"  # an idle spare's name
 MAX_SERVED = 64  # requests a spare serves before it exits: bounds what a process accumulates
 # (a spare's warm-up costs 20-50 ms of CPU, ~0.25-0.8 ms a request at 64; at 256 make bench's
 # PSS at rest was 81.3 MB, over the 80 MB line, against 77.7 at 64: a used spare grows)
+CARRY_IDLE = 0.1  # seconds a spare keeps its last request's pod socket for the next request
+# (netns.carry_sockets): a pod's next plugin comes within a few ms; the socket pins the pod's
+# namespace, which must not outlive the pod by more than this
 THREADS_WAIT = 10.0  # for a request's helper threads to end (linkgone's waits ~10-30 ms)
 Runner = Callable[[str, dict, bytes, "int | None"], object]  # skel.run's shape
 _JOB_HEADER = struct.Struct("!Q")
@@ -175,6 +179,8 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None,
                 except OSError:
                     os._exit(EXIT_ANSWERED)  # the daemon retired us, or it stopped
                 set_name(SPARE)  # after READY: until the parent has it, our name says DONE
+                if netns.carried_fd() is not None and not _readable(ctl, CARRY_IDLE):
+                    _drop_carried()
                 job = take_job(ctl)
                 if job is None:
                     os._exit(EXIT_ANSWERED)
@@ -187,6 +193,18 @@ def spare_main(ctl: socket.socket, timeout: float, runner: Runner | None,
         log.exception("spare child failed")
     finally:
         os._exit(code)
+
+
+def _readable(sock: socket.socket, timeout: float) -> bool:
+    return bool(select.select([sock], [], [], timeout)[0])
+
+
+def _drop_carried() -> None:
+    """The pod socket closed while idle, and what it left in cycles collected (back_home did not
+    freeze while it was carried: frozen, its garbage would stay until the spare exits)."""
+    netns.drop_carried()
+    gc.collect()
+    gc.freeze()
 
 
 def run_child(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes, roles: int,
@@ -228,6 +246,9 @@ def run_request(conn: socket.socket, plugin: str, env_block: bytes, stdin: bytes
             set_name(DONE)
             conn.sendall(proto.encode_reply(1, proto.error_reply(*refused, stdin), b""))
             return EXIT_ANSWERED
+        # A spare's pod socket may serve the next request in the same namespace; not after a
+        # DEL (the pod is going away: its namespace must not be pinned)
+        netns.carry_sockets(home is not None and env.get("CNI_COMMAND") != "DEL")
         attachlock.vouch(env, lambda: peer_pid(conn))  # (a nested call) in the daemon's /proc
         try:
             enter_caller(by_role, env, umask, home)
@@ -322,7 +343,8 @@ def back_home(home: Home) -> bool:
     if ended:
         return _not_back(f"the request left {ended} process(es) (killed and reaped)")
     gc.collect()  # what the request left in reference cycles (collection is off in requests)
-    gc.freeze()  # and what it left that lives on is out of the next request's collection, as
+    if netns.carried_fd() is None:  # (a carried socket stays collectable: _drop_carried)
+        gc.freeze()  # and what it left that lives on is out of the next request's collection, as
     # the warm-up's is (Home.here): each collection then walks only its own request's objects,
     # not every survivor since the spare started (portmap CHECK's ~50 -> ~7 us, loopback
     # CHECK's ~85 -> ~37 over 62 requests; a survivor that turns into garbage in a cycle
@@ -344,6 +366,7 @@ def back_home(home: Home) -> bool:
         return _not_back("the request changed what the process holds: " + ", ".join(
             _change(k, home.state.get(k), state.get(k)) for k in changed))
     now = open_fds()
+    now.pop(netns.carried_fd(), None)  # the pod socket kept for the next request
     if now != home.fds:  # (the fds that differ are only worked out to be named)
         left = {fd for fd in now.keys() | home.fds.keys() if now.get(fd) != home.fds.get(fd)}
         return _not_back(f"its open fds differ from before the request: {_describe(left)}")
