@@ -112,3 +112,36 @@ def test_a_pod_deleted_without_a_del_is_not_kept_alive_by_the_spare(
     assert inode not in socket_namespaces(spare)
     assert daemon.named("pycni-spare") == [spare]  # it let go and serves on
     assert child.CARRY_IDLE < 1
+
+
+FAKE_IPAM = """#!/bin/sh
+env > "$0.$CNI_CONTAINERID.env"
+cat > /dev/null
+if [ "$CNI_COMMAND" = ADD ]; then
+  echo '{"cniVersion": "1.0.0", "ips": [{"address": "10.78.0.9/24"}]}'
+fi
+"""
+
+
+@pytest.mark.root
+def test_each_request_gets_its_callers_environment_exactly(
+        one_spare, netns_factory, plugins: Plugins, tmp_path: Path) -> None:
+    """The spare keeps its last request's environment until the next: what the next request's
+    plugin execs (an IPAM plugin) sees is its own caller's, nothing of the one before."""
+    daemon, spare = one_spare
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "env-ipam").write_text(FAKE_IPAM)
+    (bin_dir / "env-ipam").chmod(0o755)
+    conf = {"cniVersion": "1.0.0", "name": "envnet", "type": "bridge", "bridge": "envbr0",
+            "ipam": {"type": "env-ipam"}}
+    for n, extra in enumerate(({"PYCNI_T_ONE": "1"}, {"PYCNI_T_TWO": "2"})):
+        plugins.ok("bridge", "ADD", conf, netns=netns_factory("pycni-pod").path,
+                   container_id=f"c{n}", env=daemon.env | extra | {"CNI_PATH": str(bin_dir)})
+        daemon.wait_served(n + 1)
+        wait_for(lambda: daemon.named("pycni-spare") == [spare], "the spare back")
+    seen = [set((bin_dir / f"env-ipam.c{n}.env").read_text().splitlines()) for n in (0, 1)]
+    assert "PYCNI_T_ONE=1" in seen[0] and not any(v.startswith("PYCNI_T_TWO") for v in seen[0])
+    assert "PYCNI_T_TWO=2" in seen[1] and not any(v.startswith("PYCNI_T_ONE") for v in seen[1])
+    assert "CNI_CONTAINERID=c1" in seen[1]
+    assert NOT_BACK not in daemon.log.read_text()

@@ -11,8 +11,9 @@ namespaces (checked after it is home), the same open fds by identity, one thread
 left (a spare is a child subreaper: what a request left is killed and reaped), no module
 imported by the request (from the caller's mount namespace), the same signal handlers and mask,
 credentials, capabilities, nice value, CPU affinity and resource limits (process_state),
-cwd, umask and environment; else, and after MAX_SERVED requests, it exits as a one-request
-child does. It never returns into the parent's loop."""
+cwd and umask, and the environment as the request was given it (kept until the next request's
+replaces it exactly); else, and after MAX_SERVED requests, it exits as a one-request child
+does. It never returns into the parent's loop."""
 
 from __future__ import annotations
 
@@ -337,8 +338,16 @@ def back_home(home: Home) -> bool:
     nsfd.setns(home.net, nsfd.CLONE_NEWNET)
     os.fchdir(home.cwd)
     os.umask(home.umask)
-    set_environ(home.environ, dict(os.environ))  # (read at once, not key by key through
-    # os.environ.get: each key of home's the request had not was a KeyError caught)
+    # The environment stays the request's (the next one's replaces it exactly: enter_caller),
+    # put back as it was given if the request changed it. Not home's: with the daemon's and the
+    # callers' environments apart (a DaemonSet's service variables, a runtime's own), going home
+    # and back out cost ~0.3 ms a request of os.environ's key-by-key sets and deletes.
+    given = _given_env if _given_env is not None else home.environ
+    now_env = dict(os.environ)  # (read at once, not key by key through os.environ.get)
+    if now_env != given:
+        set_environ(given, now_env)
+        if dict(os.environ) != given:
+            return _not_back("its environment cannot be put back as it was given")
     ended = end_descendants()
     if ended:
         return _not_back(f"the request left {ended} process(es) (killed and reaped)")
@@ -351,8 +360,6 @@ def back_home(home: Home) -> bool:
     # later stays until the spare exits, MAX_SERVED at most: none found in those 62)
     if not (same_ns(home.mnt, "mnt") and same_ns(home.net, "net")):
         return _not_back("not back in its own namespaces")
-    if dict(os.environ) != home.environ:  # enter_caller starts from home.environ
-        return _not_back("its environment differs from before the request")
     # (the names as they were, in the same order: nothing imported, shown by a comparison of
     # the two sequences, mostly by identity (~35 -> ~17 us cold); else whether a name is new)
     if tuple(sys.modules) != home.modules and not frozenset(home.modules).issuperset(
@@ -557,8 +564,8 @@ def enter_caller(by_role: dict[int, int], env: dict[str, str], umask: int,
     """Become the caller: its mount and network namespaces, cwd, environment and umask. Both
     namespaces are compared while still in our own mount namespace (its /proc is ours; the
     caller's may say anything). A spare at `home` (back_home showed it) compares them with its
-    own namespaces' fds and starts from its home environment; a child forked for the request
-    asks its /proc and os.environ."""
+    own namespaces' fds and changes the environment from its last request's (or home's) to
+    the caller's; a child forked for the request asks its /proc and os.environ."""
     mnt = by_role.get(proto.ROLE_CALLER_MNT)
     net = by_role.get(proto.ROLE_CALLER_NET)
     if home is None:
@@ -575,8 +582,17 @@ def enter_caller(by_role: dict[int, int], env: dict[str, str], umask: int,
     if cwd is not None:
         os.fchdir(cwd)
     # what plugins exec (iptables, an IPAM plugin) inherit, as in-process
-    set_environ(env, None if home is None else home.environ)
+    global _given_env
+    if home is None:
+        set_environ(env)
+    else:
+        _given_env = set_environ(env, _given_env if _given_env is not None else home.environ)
     os.umask(umask)
+
+
+# A spare's environment as its last request was given it (enter_caller), which it keeps until
+# the next (back_home); None: its home environment, before its first request.
+_given_env: dict[str, str] | None = None
 
 
 def peer_pid(conn: socket.socket) -> int:

@@ -194,18 +194,21 @@ def warm_requests(netns_fd: int | None) -> None:
         set_environ(saved)
 
 
-def set_environ(env: dict[str, str], current: dict[str, str] | None = None) -> None:
+def set_environ(env: dict[str, str], current: dict[str, str] | None = None) -> dict[str, str]:
     """os.environ becomes `env`, as a request's child sets it (what exec'd programs inherit).
     Only what differs is changed: os.environ.clear() pops key by key, twice the cost.
-    `current`: what os.environ is now, as a dict (a spare at home: its home environment), so that
-    os.environ is not decoded key by key to be compared."""
+    `current`: what os.environ is now, as a dict (a spare: the last request's environment, or
+    its home one), so that os.environ is not decoded key by key to be compared. -> what
+    os.environ now is: `env` without the names putenv refuses."""
     environ = os.environ
     now = environ if current is None else current
     for key in [key for key in now if key not in env]:
         del environ[key]
+    refused = []
     for key, value in env.items():
         if now.get(key) != value:
             try:
                 environ[key] = value
             except (ValueError, OSError):  # a name putenv refuses: "a=b" ValueError, "" EINVAL
-                continue
+                refused.append(key)
+    return env if not refused else {k: v for k, v in env.items() if k not in refused}
