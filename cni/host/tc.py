@@ -203,6 +203,11 @@ def filters_request(index: int) -> Any:
 
 def add_tbf(ipr: IPRoute, index: int, tbf: Tbf) -> None:
     """tbf as the root qdisc (handle 1:) of the link; fails if a root qdisc of ours exists."""
+    dumps.request(ipr, tbf_add_message(index, tbf))
+
+
+def tbf_add_message(index: int, tbf: Tbf) -> Any:
+    """add_tbf's request (for dumps.writes too)."""
     from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
     from pyroute2.netlink.rtnl import RTM_NEWQDISC
 
@@ -220,7 +225,7 @@ def add_tbf(ipr: IPRoute, index: int, tbf: Tbf) -> None:
     msg["attrs"] = [["TCA_KIND", "tbf"], ["TCA_OPTIONS", {"attrs": options}]]
     msg["header"]["type"] = RTM_NEWQDISC
     msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
-    dumps.request(ipr, msg)
+    return msg
 
 
 def read_tbf(ipr: IPRoute, index: int, replies: list[Any] | None = None) -> Tbf | None:
@@ -251,17 +256,11 @@ def add_ingress(ipr: IPRoute, index: int) -> None:
     dumps.request(ipr, ingress_message(index, delete=False))
 
 
-def add_redirect(ipr: IPRoute, index: int, target: int) -> None:
-    """Match-all u32 filter on the link's ingress: redirect every packet to `target`'s egress
-    (prio 1, protocol all, classid 1:1, one key 0x0/0x0 at 0, terminal; mirred egress redirect,
-    stolen)."""
-    dumps.request(ipr, redirect_message(index, target))
-
-
 # The requests below are the messages pyroute2's tc() builds for the same calls (the tests
 # compare their bytes: tests/test_bandwidth.py), built here as pyroute2's tcmsg with its own
-# encoders (cls_u32) and sent with dumps.request: tc()'s argument processing and request
-# filters cost ~0.1 ms a call, and its u32 path computes a policer's rate tables it never sends.
+# encoders (cls_u32) and sent with dumps.request or dumps.writes: tc()'s argument processing and
+# request filters cost ~0.1 ms a call, and its u32 path computes a policer's rate tables it never
+# sends.
 
 def _tcmsg(msg_type: int, flags: int, index: int, handle: int, parent: int,
            attrs: list[list[Any]]) -> Any:
@@ -297,7 +296,9 @@ def root_delete_message(index: int) -> Any:
 
 
 def redirect_message(index: int, target: int) -> Any:
-    """add_redirect's filter: tc("add-filter", "u32", index, parent=ffff:, prio=1,
+    """The match-all u32 filter on the link's ingress that redirects every packet to
+    `target`'s egress (prio 1, protocol all, classid 1:1, one key 0x0/0x0 at 0, terminal;
+    mirred egress redirect, stolen): tc("add-filter", "u32", index, parent=ffff:, prio=1,
     protocol=ETH_P_ALL, target=1:1, keys=["0x0/0x0+0"], action=mirred egress redirect to
     `target`)'s request, its options and info field made by pyroute2's cls_u32."""
     from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
