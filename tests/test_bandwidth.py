@@ -164,6 +164,28 @@ def test_the_ifb_comes_with_its_index_and_mac_whether_or_not_the_kernel_echoes(h
     assert host.links()["bwptest"]["ifalias"] == "pycni-bandwidth net ctr"
 
 
+@pytest.mark.parametrize("rate, burst", [(10 * MBIT, 80_000), (100 * MBIT, CRIO_NO_BURST // 8)])
+def test_the_tbf_request_is_what_pyroute2s_own_tbf_classes_encode(rate, burst) -> None:
+    """tc.tbf_add_message's parms are pyroute2's struct without the encoder that computes a
+    rate table (never sent): the request is byte for byte what pyroute2's tcmsg and sched_tbf
+    classes encode for the same values (a rate under 2^32 bytes/s: they lack RATE64)."""
+    import copy
+
+    from pyroute2.netlink.rtnl.tcmsg import tcmsg
+
+    ours = tc.tbf_add_message(5, tc.tbf_for(rate, min(burst, tc.max_burst_bits(rate))))
+    stock = tcmsg()
+    for field in ("family", "index", "handle", "parent"):
+        stock[field] = ours[field]
+    stock["attrs"] = copy.deepcopy(ours["attrs"])
+    stock["header"]["type"], stock["header"]["flags"] = (ours["header"]["type"],
+                                                          ours["header"]["flags"])
+    for msg in (ours, stock):
+        msg["header"]["sequence_number"], msg["header"]["pid"] = 7, 9
+        msg.encode()
+    assert type(ours) is not tcmsg and bytes(ours.data) == bytes(stock.data)
+
+
 def host_link(host, name: str) -> dict:
     return host.links()[name]
 
