@@ -374,6 +374,20 @@ def delete_ingress(ipr: IPRoute, index: int) -> None:
     _ignore_missing(lambda: dumps.request(ipr, ingress_message(index, delete=True)))
 
 
+def delete_qdiscs(ipr: IPRoute, ingress_of: int | None, root_of: int | None) -> None:
+    """delete_ingress(ingress_of) and delete_root(root_of), each unless None, in one send
+    (dumps.writes): a delete the kernel refused is sent again alone, as those send it, for
+    its error (none there is fine, as there)."""
+    msgs = [] if ingress_of is None else [ingress_message(ingress_of, delete=True)]
+    if root_of is not None:
+        msgs.append(root_delete_message(root_of))
+    if not msgs:
+        return
+    for msg, done in zip(msgs, dumps.writes(ipr, msgs), strict=True):
+        if done is None:
+            _ignore_missing(functools.partial(dumps.request, ipr, msg))
+
+
 def _ignore_missing(call) -> None:
     from pyroute2 import NetlinkError
 

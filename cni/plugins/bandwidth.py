@@ -424,12 +424,11 @@ def delete(req: Request) -> None:
             recorded = recorded_veth(ipr, record)
         host = veth.index if veth is not None else recorded
         # Our ifb exists, so the ingress qdisc is ours if it redirects to it or is still bare.
-        if host is not None and index is not None and \
-                tc.ingress_is_for(ipr, host, index, replies[-1] if replies else None):
-            tc.delete_ingress(ipr, host)
+        ingress = host is not None and index is not None and \
+            tc.ingress_is_for(ipr, host, index, replies[-1] if replies else None)
         root = replies[1] if replies and here else None  # the root qdisc of record.index
-        if recorded is not None and tc.root_kind(ipr, recorded, root) == "tbf":
-            tc.delete_root(ipr, recorded)
+        tbf = recorded is not None and tc.root_kind(ipr, recorded, root) == "tbf"
+        tc.delete_qdiscs(ipr, host if ingress else None, recorded if tbf else None)  # one send
         if index is not None:
             ifb.delete(ipr, name, index)  # looked up above: no second lookup
     shaped.forget(req.network, req.container_id, req.ifname)
