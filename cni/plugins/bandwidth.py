@@ -344,6 +344,7 @@ def _apply(req: Request, veth, ingress, egress, result: Result) -> None:
                 first.append(_Write(f"tbf on {veth.name}",
                                     tc.tbf_add_message(veth.index, ingress),
                                     lambda: tc.delete_root(ipr, veth.index)))
+            added = len(first)  # the ifb add's place in the send
             if egress is not None:
                 first += [_Write(f"ifb {name}", ifb.add_message(name, veth.mtu),
                                  lambda: ifb.delete(ipr, name)),
@@ -354,7 +355,7 @@ def _apply(req: Request, veth, ingress, egress, result: Result) -> None:
             if egress is None:
                 return
             try:
-                dev = ifb.made(ipr, name, replies[-2])
+                dev = ifb.made(ipr, name, replies[added])
             except (NetlinkError, OSError) as e:
                 raise _Failed(f"ifb {name}", e) from None
             alias = ifb.alias_for(req.network, req.container_id)
