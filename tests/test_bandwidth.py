@@ -572,10 +572,13 @@ def test_check_names_each_failure_though_it_reads_in_one_send(plugins, host, pod
 COUNTED = """
 import json, os, sys
 from cni import skel
-from cni.host import netns
+from cni.host import links, netns
 from cni.host.nsfd import setns
 
 host, pod, stdin = sys.argv[1], sys.argv[2], sys.argv[3].encode()
+verbs = sys.argv[4].split(",") if len(sys.argv) > 4 else ("ADD", "CHECK", "DEL")
+if "unindexed" in sys.argv[5:]:  # the interface table gives nothing: lookups by name
+    links.index_of = lambda name: None
 setns(os.open(host, os.O_RDONLY))
 sends, sockets = [], []
 made = netns.new_socket
@@ -591,7 +594,7 @@ netns.new_socket = counted
 env = {"CNI_CONTAINERID": "ctr1", "CNI_NETNS": pod, "CNI_IFNAME": "eth0",
        "CNI_PATH": "/nonexistent"}
 out = {}
-for verb in ("ADD", "CHECK", "DEL"):
+for verb in verbs:
     sends.clear()
     sockets.clear()
     reply = skel.run("bandwidth", env | {"CNI_COMMAND": verb}, stdin)
@@ -686,6 +689,31 @@ def test_check_finds_the_ifb_by_its_name_without_a_netlink_lookup(plugins, host,
     host.run("ip", "link", "property", "add", "dev", "bwdummy0", "altname", name)
     code, res, _ = plugins.exec("bandwidth", "CHECK", chk, netns=pod.path)
     assert code == 1 and res["msg"] == f"ifb {name} for egress shaping not found", res
+
+
+@pytest.mark.parametrize("netns_given", [True, False])
+def test_del_finds_the_ifb_by_name_when_the_interface_table_does_not(plugins, host, pod,
+                                                                     netns_given) -> None:
+    """DEL takes the ifb's index from the interface table (links.index_of, as CHECK does);
+    without it, the ifb is looked up by name (with the host end's reads: the same sockets and
+    sends as with it, test_check_and_del_cost_few_round_trips; or alone without a netns), and
+    DEL removes the same: the ifb, the ingress qdisc, the recorded tbf."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    w = wire(host, pod, 1)
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    add(plugins, w, cfg)
+    assert ifb_name("bwnet", "ctr1") in ifbs(host) and kinds(host, w.veth) == ["ingress", "tbf"]
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", COUNTED, host.path,
+                          pod.path if netns_given else "", json.dumps(cfg), "DEL", "unindexed"],
+                         cwd=root, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    if netns_given:
+        assert json.loads(run.stdout) == {"DEL": [2, 3]}
+    assert_untouched(host, w)
 
 
 def test_check_without_bandwidth_config_succeeds(plugins, host, pod) -> None:

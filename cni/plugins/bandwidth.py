@@ -410,14 +410,21 @@ def delete(req: Request) -> None:
     name = ifb_name(req.network, req.container_id)
     record = shaped.recall(req.network, req.container_id, req.ifname)
     here = record is not None and record.here()
+    # The ifb's index from the interface table, as CHECK takes it (no request, nothing
+    # decoded); without it (no such link), it is looked up by name with the reads, as before.
+    found = links.index_of(name)
 
     def reads(ipr, index: int) -> list[Any]:  # with the host end's lookup, in one send
+        lookup = [links.get_request(ifname=name)] if found is None else []
         root = [tc.root_request(ipr, record.index)] if here else []
-        return [links.get_request(ifname=name), *root, tc.filters_request(index)]
+        return [*lookup, *root, tc.filters_request(index)]
 
     veth, replies = _host_veth_if_any(req, reads)
     with netns.iproute() as ipr:
-        index = ifb.lookup(ipr, name, replies[0] if replies else None)
+        if found is not None:
+            index: int | None = found
+        else:
+            index = ifb.lookup(ipr, name, replies.pop(0) if replies else None)
         if veth is not None and here and veth.index == record.index:
             # recorded_veth's link is the host end, just read: compare the name only
             recorded = record.index if veth.name == record.veth else None
@@ -427,7 +434,7 @@ def delete(req: Request) -> None:
         # Our ifb exists, so the ingress qdisc is ours if it redirects to it or is still bare.
         ingress = host is not None and index is not None and \
             tc.ingress_is_for(ipr, host, index, replies[-1] if replies else None)
-        root = replies[1] if replies and here else None  # the root qdisc of record.index
+        root = replies[0] if replies and here else None  # the root qdisc of record.index
         tbf = recorded is not None and tc.root_kind(ipr, recorded, root) == "tbf"
         tc.delete_qdiscs(ipr, host if ingress else None, recorded if tbf else None)  # one send
         if index is not None:
