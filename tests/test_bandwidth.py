@@ -7,6 +7,7 @@ so these tests depend on no other plugin. Traffic under shaping is in test_bandw
 from __future__ import annotations
 
 import json
+import platform
 
 import pytest
 from bandwidth_util import (
@@ -130,26 +131,59 @@ def test_a_tbf_above_2_32_bytes_per_second_keeps_its_rate64_after_other_tc_reque
 @pytest.mark.parametrize("echoed", [True, False])
 def test_the_ifb_comes_with_its_index_and_mac_whether_or_not_the_kernel_echoes(host,
                                                                            echoed) -> None:
-    """ifb.create asks for an echo of the link it makes (Linux 6.3+); a kernel that answers
-    with a bare ACK (here: its echo dropped) gets the lookup by name instead. Either way the
-    index and MAC are the link's, it is up and marked."""
-    from cni.host import ifb, links, netns
+    """ifb.add_message asks for an echo of the link it makes (Linux 6.3+), and ifb.made takes
+    the index and MAC from it without another request; a kernel that answers with a bare ACK
+    (here: the echo dropped from the replies) gets the lookup by name instead. Either way the
+    index and MAC are the link's; marked, it is up and carries the alias."""
+    from pyroute2.netlink.rtnl import RTM_NEWLINK
+
+    from cni.host import dumps, ifb, links, netns
 
     with netns.iproute(host.path) as ipr:
-        class Unechoed:  # the socket, as an older kernel answers a link add
+        [replies] = dumps.writes(ipr, [ifb.add_message("bwptest", 1400)])
+        assert replies, "the add was refused"
+        assert any(m["header"]["type"] == RTM_NEWLINK for m in replies) == \
+            (tuple(int(n) for n in platform.release().split(".")[:2]) >= (6, 3))
+        if not echoed:
+            replies = [m for m in replies if m["header"]["type"] != RTM_NEWLINK]
+        sent = []
+
+        class Counted:  # the socket, counting what made() asks
             def __getattr__(self, name):
                 return getattr(ipr, name)
 
-            def link(self, command, **kw):
-                replies = ipr.link(command, **kw)
-                if command == "get":
-                    return replies
-                return [m for m in replies if m["header"]["type"] != 16]  # RTM_NEWLINK
+            def nlm_request_batch(self, *a, **kw):
+                sent.append(a)
+                return ipr.nlm_request_batch(*a, **kw)
 
-        made = ifb.create(ipr if echoed else Unechoed(), "bwptest", 1400, "net", "ctr")
+        made = ifb.made(Counted(), "bwptest", replies)
+        assert len(sent) == (0 if echoed else 1)
+        dumps.request(ipr, ifb.mark_message(made.index, ifb.alias_for("net", "ctr")))
         link = links.get(ipr, "bwptest")
     assert (made.index, made.mac) == (link.index, link.mac) and link.up and link.mtu == 1400
     assert host.links()["bwptest"]["ifalias"] == "pycni-bandwidth net ctr"
+
+
+@pytest.mark.parametrize("rate, burst", [(10 * MBIT, 80_000), (100 * MBIT, CRIO_NO_BURST // 8)])
+def test_the_tbf_request_is_what_pyroute2s_own_tbf_classes_encode(rate, burst) -> None:
+    """tc.tbf_add_message's parms are pyroute2's struct without the encoder that computes a
+    rate table (never sent): the request is byte for byte what pyroute2's tcmsg and sched_tbf
+    classes encode for the same values (a rate under 2^32 bytes/s: they lack RATE64)."""
+    import copy
+
+    from pyroute2.netlink.rtnl.tcmsg import tcmsg
+
+    ours = tc.tbf_add_message(5, tc.tbf_for(rate, min(burst, tc.max_burst_bits(rate))))
+    stock = tcmsg()
+    for field in ("family", "index", "handle", "parent"):
+        stock[field] = ours[field]
+    stock["attrs"] = copy.deepcopy(ours["attrs"])
+    stock["header"]["type"], stock["header"]["flags"] = (ours["header"]["type"],
+                                                          ours["header"]["flags"])
+    for msg in (ours, stock):
+        msg["header"]["sequence_number"], msg["header"]["pid"] = 7, 9
+        msg.encode()
+    assert type(ours) is not tcmsg and bytes(ours.data) == bytes(stock.data)
 
 
 def host_link(host, name: str) -> dict:
@@ -328,6 +362,89 @@ def test_failed_add_removes_what_it_made_and_only_that(plugins, host, pod) -> No
     assert kinds(host, w.veth) == ["ingress", "noqueue"]
 
 
+def test_failed_first_send_undoes_only_the_requests_the_kernel_did(plugins, host, pod) -> None:
+    """ADD sends the host veth's tbf, the ifb and the ingress qdisc together; the kernel does
+    each it can. Someone else's root qdisc on the host veth: the tbf is refused (the error
+    names it, as when it was sent alone) and the ifb and ingress qdisc it made are taken back;
+    their qdisc and the record's absence show nothing was taken for ours that was not."""
+    w = wire(host, pod, 1)
+    host.run("tc", "qdisc", "add", "dev", w.veth, "root", "handle", "1:", "pfifo")
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    code, out, _ = plugins.exec("bandwidth", "ADD", cfg | {"prevResult": w.prev_result()},
+                                netns=pod.path)
+    assert code == 1 and out["msg"] == f"bandwidth: tbf on {w.veth}: File exists", out
+    assert kinds(host, w.veth) == ["pfifo"]  # theirs, and no ingress qdisc of ours
+    assert not [n for n in ifbs(host) if n.startswith("bwp")]
+    assert shaped.recall("bwnet", "ctr1", "eth0") is None
+
+
+def test_an_ifb_name_taken_fails_the_add_and_leaves_that_link(plugins, host, pod) -> None:
+    """The ifb's name is taken (here by a bridge): its add is refused in the first send,
+    the host veth's tbf and the ingress qdisc sent with it are taken back, the link that had
+    the name stays."""
+    w = wire(host, pod, 1)
+    name = ifb_name("bwnet", "ctr1")
+    host.run("ip", "link", "add", name, "type", "bridge")
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    code, out, _ = plugins.exec("bandwidth", "ADD", cfg | {"prevResult": w.prev_result()},
+                                netns=pod.path)
+    assert code == 1 and out["msg"] == f"bandwidth: ifb {name}: File exists", out
+    assert kinds(host, w.veth) == ["noqueue"]
+    assert name in host.links() and host.links()[name]["linkinfo"]["info_kind"] == "bridge"
+    assert shaped.recall("bwnet", "ctr1", "eth0") is None
+
+
+def test_writes_tells_each_requests_outcome_and_leaves_the_socket_clean(host) -> None:
+    """dumps.writes: one send, per request its replies or None if refused (the kernel ran
+    every request whatever became of the one before); the error comes from the request sent
+    alone again. Nothing stays queued on the socket (no reply queue, no stray reply)."""
+    from pyroute2 import NetlinkError
+
+    from cni.host import dumps, links, netns
+
+    host.run("ip", "link", "add", "wra", "type", "veth", "peer", "name", "wrb")
+    host.run("tc", "qdisc", "add", "dev", "wrb", "root", "handle", "1:", "pfifo")
+    with netns.iproute(host.path) as ipr:
+        a, b = (links.get(ipr, n).index for n in ("wra", "wrb"))
+        queues = ipr.asyncore.msg_queue
+        before = queues.root.qsize()
+        want = tc.tbf_for(10 * MBIT, 80_000)
+        msgs = [tc.tbf_add_message(a, want), tc.tbf_add_message(b, want),
+                tc.ingress_message(b, delete=False)]
+        done = dumps.writes(ipr, msgs)
+        assert [got is not None for got in done] == [True, False, True]
+        assert list(queues.queues) == [0] and queues.root.qsize() == before
+        with pytest.raises(NetlinkError) as refused:
+            dumps.request(ipr, msgs[1])
+        assert refused.value.code == 17
+        assert tc.read_tbf(ipr, a) == want and tc.has_ingress(ipr, b)
+    assert kinds(host, "wrb") == ["ingress", "pfifo"]
+
+
+def test_the_qdisc_deletes_sent_together_each_do_what_they_did_alone(host) -> None:
+    """tc.delete_qdiscs: the ingress and root deletes in one send; one the kernel refuses (no
+    such qdisc, no such link, a root qdisc with another handle than ours, 1:) is sent again
+    alone, where that is fine as it was, while the other is done."""
+    from cni.host import links, netns
+
+    host.run("ip", "link", "add", "dqa", "type", "veth", "peer", "name", "dqb")
+    for dev in ("dqa", "dqb"):
+        host.run("ip", "link", "set", dev, "up")
+    host.run("tc", "qdisc", "add", "dev", "dqa", "ingress")
+    host.run("tc", "qdisc", "add", "dev", "dqb", "root", "handle", "1:", "pfifo")
+    with netns.iproute(host.path) as ipr:
+        a, b = (links.get(ipr, n).index for n in ("dqa", "dqb"))
+        tc.delete_qdiscs(ipr, a, a)  # dqa's ingress; no root qdisc of its own
+        assert kinds(host, "dqa") == ["noqueue"] and kinds(host, "dqb") == ["pfifo"]
+        tc.delete_qdiscs(ipr, 99999, b)  # no such link, dqb's root
+        assert kinds(host, "dqb") == ["noqueue"]
+        host.run("tc", "qdisc", "add", "dev", "dqb", "ingress")
+        host.run("tc", "qdisc", "add", "dev", "dqa", "root", "handle", "2:", "pfifo")
+        tc.delete_qdiscs(ipr, b, a)  # dqb's ingress; dqa's root is not 1:, stays
+        assert kinds(host, "dqb") == ["noqueue"] and kinds(host, "dqa") == ["pfifo"]
+        assert list(ipr.asyncore.msg_queue.queues) == [0]
+
+
 def test_del_removes_ifb_and_qdiscs_and_is_idempotent(plugins, host, pod) -> None:
     w = wire(host, pod, 1)
     cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
@@ -455,10 +572,13 @@ def test_check_names_each_failure_though_it_reads_in_one_send(plugins, host, pod
 COUNTED = """
 import json, os, sys
 from cni import skel
-from cni.host import netns
+from cni.host import links, netns
 from cni.host.nsfd import setns
 
 host, pod, stdin = sys.argv[1], sys.argv[2], sys.argv[3].encode()
+verbs = sys.argv[4].split(",") if len(sys.argv) > 4 else ("ADD", "CHECK", "DEL")
+if "unindexed" in sys.argv[5:]:  # the interface table gives nothing: lookups by name
+    links.index_of = lambda name: None
 setns(os.open(host, os.O_RDONLY))
 sends, sockets = [], []
 made = netns.new_socket
@@ -474,7 +594,7 @@ netns.new_socket = counted
 env = {"CNI_CONTAINERID": "ctr1", "CNI_NETNS": pod, "CNI_IFNAME": "eth0",
        "CNI_PATH": "/nonexistent"}
 out = {}
-for verb in ("ADD", "CHECK", "DEL"):
+for verb in verbs:
     sends.clear()
     sockets.clear()
     reply = skel.run("bandwidth", env | {"CNI_COMMAND": verb}, stdin)
@@ -489,9 +609,11 @@ def test_check_and_del_cost_few_round_trips(host, pod) -> None:
     child): two, the container namespace's (its veth, asked where it lives: a lookup by the
     namespace's id from the host would give the host an nsid for itself) and the host's. On
     the host, one send for the host end and all that is read about it (for CHECK the ifb's
-    tbf too); DEL's two qdisc deletes. The ifb's delete is linkgone's, on a socket of its own.
-    ADD: the host end, the two tbf, the ifb's add (echoed: no lookup after it, on Linux 6.3
-    and later) and its alias, the ingress qdisc and the redirect."""
+    tbf too); DEL's two qdisc deletes, in one send. The ifb's delete is linkgone's, on a socket
+    of its own.
+    ADD: the host end; then the host veth's tbf, the ifb's add (echoed: no lookup after it, on
+    Linux 6.3 and later) and the ingress qdisc in one send; the ifb's alias, the redirect and
+    the ifb's tbf in another."""
     import platform
     import subprocess
     import sys
@@ -505,8 +627,8 @@ def test_check_and_del_cost_few_round_trips(host, pod) -> None:
                          capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
     echoes = tuple(int(n) for n in platform.release().split(".")[:2]) >= (6, 3)
-    assert json.loads(run.stdout) == {"ADD": [2, 8 if echoes else 9], "CHECK": [2, 2],
-                                      "DEL": [2, 4]}
+    assert json.loads(run.stdout) == {"ADD": [2, 4 if echoes else 5], "CHECK": [2, 2],
+                                      "DEL": [2, 3]}
     assert_untouched(host, w)
 
 
@@ -567,6 +689,31 @@ def test_check_finds_the_ifb_by_its_name_without_a_netlink_lookup(plugins, host,
     host.run("ip", "link", "property", "add", "dev", "bwdummy0", "altname", name)
     code, res, _ = plugins.exec("bandwidth", "CHECK", chk, netns=pod.path)
     assert code == 1 and res["msg"] == f"ifb {name} for egress shaping not found", res
+
+
+@pytest.mark.parametrize("netns_given", [True, False])
+def test_del_finds_the_ifb_by_name_when_the_interface_table_does_not(plugins, host, pod,
+                                                                     netns_given) -> None:
+    """DEL takes the ifb's index from the interface table (links.index_of, as CHECK does);
+    without it, the ifb is looked up by name (with the host end's reads: the same sockets and
+    sends as with it, test_check_and_del_cost_few_round_trips; or alone without a netns), and
+    DEL removes the same: the ifb, the ingress qdisc, the recorded tbf."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    w = wire(host, pod, 1)
+    cfg = conf(**runtime_bw((10 * MBIT, 80_000), (20 * MBIT, 160_000)))
+    add(plugins, w, cfg)
+    assert ifb_name("bwnet", "ctr1") in ifbs(host) and kinds(host, w.veth) == ["ingress", "tbf"]
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, "-c", COUNTED, host.path,
+                          pod.path if netns_given else "", json.dumps(cfg), "DEL", "unindexed"],
+                         cwd=root, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    if netns_given:
+        assert json.loads(run.stdout) == {"DEL": [2, 3]}
+    assert_untouched(host, w)
 
 
 def test_check_without_bandwidth_config_succeeds(plugins, host, pod) -> None:

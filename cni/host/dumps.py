@@ -11,7 +11,8 @@ pyroute2 builds, sends and parses every message.
 
 together() sends several such reads in one send (pyroute2's nlm_request_batch): the kernel
 answers each in turn, and a verb that reads three things about a link waits on one round trip,
-not three.
+not three. writes() does the same for write requests that do not depend on each other, with
+each one's outcome.
 """
 
 from __future__ import annotations
@@ -111,6 +112,34 @@ def together(ipr: IPRoute, requests: list[Any]) -> list[list[Any]]:
         if mine is not None and header["type"] == kind:
             mine.append(msg)
     return [found[r["header"]["sequence_number"]][1] for r in requests]
+
+
+def writes(ipr: IPRoute, requests: list[Any]) -> list[list[Any] | None]:
+    """Several write requests (built complete, each with NLM_F_ACK: tc.tbf_add_message,
+    ifb.add_message, ...) in one send; -> per request, in order, its replies if the kernel did
+    it (its ACK, or what it echoed), None if it refused it.
+
+    The kernel runs every message of a send in turn, whatever became of the ones before: a
+    caller sends together only requests that do not depend on each other, and takes back each
+    that was done when another failed. pyroute2's nlm_request_batch with noraise reads each
+    request's whole answer and drops an error, so a refused request has no reply and a done
+    one at least its ACK (what proves it done: never guessed from a missing echo). The error
+    itself is dropped: send that request again alone (request()) for pyroute2's NetlinkError,
+    the one it would have raised (or its success, if the kernel's state changed meanwhile).
+    Without noraise, pyroute2 raises at the first error and leaves the later requests' reply
+    queues and sequence numbers behind on the socket: never used here."""
+    from pyroute2.netlink import NLM_F_ACK
+
+    if any(not r["header"]["flags"] & NLM_F_ACK for r in requests):
+        raise ValueError("dumps.writes: every request must ask for an ACK")
+    replies = ipr.nlm_request_batch(requests, noraise=True)
+    # NetlinkRequest numbered each request's header in place; replies carry that number.
+    found: dict[int, list[Any]] = {r["header"]["sequence_number"]: [] for r in requests}
+    for msg in replies:
+        mine = found.get(msg["header"]["sequence_number"])
+        if mine is not None:
+            mine.append(msg)
+    return [found[r["header"]["sequence_number"]] or None for r in requests]
 
 
 def qdisc_request(index: int, parent: int, msg_class: type | None = None) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cni.host import dumps, links
+from cni.host import links
 from cni.host.errors import HostError
 
 if TYPE_CHECKING:
@@ -31,31 +31,25 @@ def alias_for(network: str, container_id: str) -> str:
     return f"{MARK} {network} {container_id}"
 
 
-def create(ipr: IPRoute, name: str, mtu: int, network: str, container_id: str) -> Ifb:
-    """Add the ifb (txqueuelen 0 and the MTU given, as the reference), mark it, set it up.
+def made(ipr: IPRoute, name: str, replies: list[Any]) -> Ifb:
+    """The ifb add_message just made, from that request's `replies`: its index and MAC.
 
     The add asks the kernel to echo the link it made (NLM_F_ECHO, which link requests honour
-    since Linux 6.3): its index and MAC come with the answer. An older kernel answers with a
-    bare ACK, and they are asked for by name, as they always were. (up keeps the MAC.)"""
+    since Linux 6.3): they come with the answer. An older kernel answers with a bare ACK, and
+    they are asked for by name, as they always were. (mark_message's up keeps the MAC.)"""
     from pyroute2.netlink.rtnl import RTM_NEWLINK
 
-    replies = dumps.request(ipr, add_message(name, mtu))
     echoed = [m for m in replies if m["header"]["type"] == RTM_NEWLINK]
     link = links.get(ipr, name, replies=echoed or None)
     if link is None:
         raise HostError(f"ifb {name} vanished right after it was created")
-    index = link.index
-    try:
-        dumps.request(ipr, mark_message(index, alias_for(network, container_id)))
-    except Exception:
-        links.remove(ipr, index)
-        raise
-    return Ifb(name, index, link.mac, network, container_id)
+    return Ifb(name, link.index, link.mac)
 
 
-# The two requests create() sends are the messages pyroute2's link() builds for the same calls
-# (the tests compare their bytes: tests/test_bandwidth.py), built here as its ifinfmsg and sent
-# with dumps.request: link()'s argument processing and request filters cost ~0.1 ms a call.
+# An ifb is made by two requests (bandwidth sends each with others: dumps.writes), the messages
+# pyroute2's link() builds for the same calls (the tests compare their bytes:
+# tests/test_bandwidth.py), built here as its ifinfmsg: the add (then made()) and the mark,
+# which sets it up.
 
 def add_message(name: str, mtu: int) -> Any:
     """link((RTM_NEWLINK, create|exclusive|echo), ifname=name, kind="ifb", mtu=mtu,

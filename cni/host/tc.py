@@ -9,7 +9,8 @@ tick_in_usec comes from /proc/net/psched as netlink's initClock reads it. We bui
 message with pyroute2's message classes ourselves (its tc("add", "tbf") helper recomputes the
 buffer, adds a rate table and has no TCA_TBF_RATE64): tbf_message() is pyroute2's tcmsg whose tbf
 options also know TCA_TBF_RATE64, registered on the socket as the RTM_NEWQDISC parser too, so
-CHECK reads back a rate above 2^32 bytes/s. No rate table is sent, as the reference sends none.
+CHECK reads back a rate above 2^32 bytes/s. No rate table is sent, as the reference sends none
+(nor computed: its parms are pyroute2's struct without the table's encoder).
 """
 
 from __future__ import annotations
@@ -159,7 +160,12 @@ def tbf_message() -> type:
                 ("TCA_TBF_PBURST", "uint32"),
                 ("TCA_TBF_PAD", "hex"),
             )
-            tbf_parms = sched_tbf.options.tbf_parms
+
+            class tbf_parms(nla):  # noqa: N801
+                # pyroute2's struct, encoded as set: its own class computes a 256-entry rate
+                # table at each encode, for a TCA_TBF_RTAB we never send (~half of the
+                # message's encoding); the bytes are the same (tests/test_bandwidth.py)
+                fields = sched_tbf.options.tbf_parms.fields
 
         class tbfmsg(tcmsg):  # noqa: N801
             # get_plugin, not get_options: pyroute2 compiles a class's NLA table once and a
@@ -203,6 +209,11 @@ def filters_request(index: int) -> Any:
 
 def add_tbf(ipr: IPRoute, index: int, tbf: Tbf) -> None:
     """tbf as the root qdisc (handle 1:) of the link; fails if a root qdisc of ours exists."""
+    dumps.request(ipr, tbf_add_message(index, tbf))
+
+
+def tbf_add_message(index: int, tbf: Tbf) -> Any:
+    """add_tbf's request (for dumps.writes too)."""
     from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
     from pyroute2.netlink.rtnl import RTM_NEWQDISC
 
@@ -220,7 +231,7 @@ def add_tbf(ipr: IPRoute, index: int, tbf: Tbf) -> None:
     msg["attrs"] = [["TCA_KIND", "tbf"], ["TCA_OPTIONS", {"attrs": options}]]
     msg["header"]["type"] = RTM_NEWQDISC
     msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
-    dumps.request(ipr, msg)
+    return msg
 
 
 def read_tbf(ipr: IPRoute, index: int, replies: list[Any] | None = None) -> Tbf | None:
@@ -251,17 +262,11 @@ def add_ingress(ipr: IPRoute, index: int) -> None:
     dumps.request(ipr, ingress_message(index, delete=False))
 
 
-def add_redirect(ipr: IPRoute, index: int, target: int) -> None:
-    """Match-all u32 filter on the link's ingress: redirect every packet to `target`'s egress
-    (prio 1, protocol all, classid 1:1, one key 0x0/0x0 at 0, terminal; mirred egress redirect,
-    stolen)."""
-    dumps.request(ipr, redirect_message(index, target))
-
-
 # The requests below are the messages pyroute2's tc() builds for the same calls (the tests
 # compare their bytes: tests/test_bandwidth.py), built here as pyroute2's tcmsg with its own
-# encoders (cls_u32) and sent with dumps.request: tc()'s argument processing and request
-# filters cost ~0.1 ms a call, and its u32 path computes a policer's rate tables it never sends.
+# encoders (cls_u32) and sent with dumps.request or dumps.writes: tc()'s argument processing and
+# request filters cost ~0.1 ms a call, and its u32 path computes a policer's rate tables it never
+# sends.
 
 def _tcmsg(msg_type: int, flags: int, index: int, handle: int, parent: int,
            attrs: list[list[Any]]) -> Any:
@@ -297,7 +302,9 @@ def root_delete_message(index: int) -> Any:
 
 
 def redirect_message(index: int, target: int) -> Any:
-    """add_redirect's filter: tc("add-filter", "u32", index, parent=ffff:, prio=1,
+    """The match-all u32 filter on the link's ingress that redirects every packet to
+    `target`'s egress (prio 1, protocol all, classid 1:1, one key 0x0/0x0 at 0, terminal;
+    mirred egress redirect, stolen): tc("add-filter", "u32", index, parent=ffff:, prio=1,
     protocol=ETH_P_ALL, target=1:1, keys=["0x0/0x0+0"], action=mirred egress redirect to
     `target`)'s request, its options and info field made by pyroute2's cls_u32."""
     from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
@@ -365,6 +372,20 @@ def delete_root(ipr: IPRoute, index: int) -> None:
 def delete_ingress(ipr: IPRoute, index: int) -> None:
     """Remove the ingress qdisc and its filters; none is fine."""
     _ignore_missing(lambda: dumps.request(ipr, ingress_message(index, delete=True)))
+
+
+def delete_qdiscs(ipr: IPRoute, ingress_of: int | None, root_of: int | None) -> None:
+    """delete_ingress(ingress_of) and delete_root(root_of), each unless None, in one send
+    (dumps.writes): a delete the kernel refused is sent again alone, as those send it, for
+    its error (none there is fine, as there)."""
+    msgs = [] if ingress_of is None else [ingress_message(ingress_of, delete=True)]
+    if root_of is not None:
+        msgs.append(root_delete_message(root_of))
+    if not msgs:
+        return
+    for msg, done in zip(msgs, dumps.writes(ipr, msgs), strict=True):
+        if done is None:
+            _ignore_missing(functools.partial(dumps.request, ipr, msg))
 
 
 def _ignore_missing(call) -> None:

@@ -304,41 +304,100 @@ def _empty(req: Request) -> Result:
     return {"cniVersion": req.version, "interfaces": [], "ips": [], "routes": [], "dns": {}}
 
 
+class _Write(NamedTuple):
+    """One of _apply's requests: the step it is (named in an error) and how to take back what
+    it made (None: it goes with another step's undo)."""
+
+    what: str
+    msg: Any
+    undo: Callable[[], Any] | None
+
+
+class _Failed(Exception):
+    """A step failed: its name and pyroute2's error (NetlinkError) or the socket's (OSError)."""
+
+
 def _apply(req: Request, veth, ingress, egress, result: Result) -> None:
-    """Create the qdiscs and the ifb; on any failure undo exactly what this call made."""
+    """Create the qdiscs and the ifb; on any failure undo exactly what this call made.
+
+    Two sends (_writes), each of requests that do not depend on each other: the ingress tbf,
+    the ifb and the ingress qdisc; then, with the ifb's index, its mark (alias, up), the
+    redirect and its tbf. The first step refused, in that order (the order they were sent one
+    by one before), is the error."""
     from pyroute2 import NetlinkError
 
     from cni.host import ifb, tc
 
-    step = ""
+    name = ifb_name(req.network, req.container_id)
     with netns.iproute() as ipr, Undo(req) as undo:
         try:
+            first: list[_Write] = []
             if ingress is not None:
                 step = f"record of the tbf on {veth.name}"
-                shaped.remember(req.network, req.container_id, req.ifname, veth.name,
-                                veth.index)
+                try:
+                    shaped.remember(req.network, req.container_id, req.ifname, veth.name,
+                                    veth.index)
+                except OSError as e:
+                    raise _Failed(step, e) from None
                 undo.push(step, lambda: shaped.forget(req.network, req.container_id,
                                                       req.ifname))
-                step = f"tbf on {veth.name}"
-                tc.add_tbf(ipr, veth.index, ingress)
-                undo.push(step, lambda: tc.delete_root(ipr, veth.index))
+                first.append(_Write(f"tbf on {veth.name}",
+                                    tc.tbf_add_message(veth.index, ingress),
+                                    lambda: tc.delete_root(ipr, veth.index)))
+            added = len(first)  # the ifb add's place in the send
             if egress is not None:
-                name = ifb_name(req.network, req.container_id)
-                step = f"ifb {name}"
-                dev = ifb.create(ipr, name, veth.mtu, req.network, req.container_id)
-                undo.push(step, lambda: ifb.delete(ipr, name))
-                step = f"ingress qdisc on {veth.name}"
-                tc.add_ingress(ipr, veth.index)
-                undo.push(step, lambda: tc.delete_ingress(ipr, veth.index))
-                step = f"redirect from {veth.name} to {name}"
-                tc.add_redirect(ipr, veth.index, dev.index)
-                step = f"tbf on {name}"
-                tc.add_tbf(ipr, dev.index, egress)
-                result["interfaces"].append({"name": name, "mac": dev.mac})
-        except NetlinkError as e:  # raised inside Undo's block: what was done is taken back
-            raise CNIError(Code.INTERNAL, f"bandwidth: {step}: {e.args[-1]}") from None
-        except OSError as e:
+                first += [_Write(f"ifb {name}", ifb.add_message(name, veth.mtu),
+                                 lambda: ifb.delete(ipr, name)),
+                          _Write(f"ingress qdisc on {veth.name}",
+                                 tc.ingress_message(veth.index, delete=False),
+                                 lambda: tc.delete_ingress(ipr, veth.index))]
+            replies = _writes(ipr, undo, first)
+            if egress is None:
+                return
+            try:
+                dev = ifb.made(ipr, name, replies[added])
+            except (NetlinkError, OSError) as e:
+                raise _Failed(f"ifb {name}", e) from None
+            alias = ifb.alias_for(req.network, req.container_id)
+            _writes(ipr, undo, [  # nothing to push: each goes with the ifb or ingress qdisc
+                _Write(f"ifb {name}", ifb.mark_message(dev.index, alias), None),
+                _Write(f"redirect from {veth.name} to {name}",
+                       tc.redirect_message(veth.index, dev.index), None),
+                _Write(f"tbf on {name}", tc.tbf_add_message(dev.index, egress), None)])
+            result["interfaces"].append({"name": name, "mac": dev.mac})
+        except _Failed as failed:  # raised inside Undo's block: what was done is taken back
+            step, e = failed.args
+            if isinstance(e, NetlinkError):
+                raise CNIError(Code.INTERNAL, f"bandwidth: {step}: {e.args[-1]}") from None
             raise CNIError(Code.IO_FAILURE, f"bandwidth: {step}: {e}") from None
+
+
+def _writes(ipr, undo: Undo, writes: list[_Write]) -> list[list[Any]]:
+    """`writes` in one send (dumps.writes); -> each one's replies. Each the kernel did pushes
+    its undo; the first it refused is sent again alone for its error, raised as _Failed (or
+    done after all, if the kernel's state changed meanwhile)."""
+    from pyroute2 import NetlinkError
+
+    from cni.host import dumps
+
+    try:
+        outcomes = dumps.writes(ipr, [w.msg for w in writes])
+    except OSError as e:  # the socket's error: no request's outcome is known
+        raise _Failed(writes[0].what, e) from None
+    for w, got in zip(writes, outcomes, strict=True):
+        if got is not None and w.undo is not None:
+            undo.push(w.what, w.undo)
+    done = []
+    for w, got in zip(writes, outcomes, strict=True):
+        if got is None:
+            try:
+                got = dumps.request(ipr, w.msg)  # raises what it raises sent alone
+            except (NetlinkError, OSError) as e:
+                raise _Failed(w.what, e) from None
+            if w.undo is not None:
+                undo.push(w.what, w.undo)
+        done.append(got)
+    return done
 
 
 @netns.one_socket_per_namespace  # the peer lookup and the tc work share one host socket
@@ -351,14 +410,21 @@ def delete(req: Request) -> None:
     name = ifb_name(req.network, req.container_id)
     record = shaped.recall(req.network, req.container_id, req.ifname)
     here = record is not None and record.here()
+    # The ifb's index from the interface table, as CHECK takes it (no request, nothing
+    # decoded); without it (no such link), it is looked up by name with the reads, as before.
+    found = links.index_of(name)
 
     def reads(ipr, index: int) -> list[Any]:  # with the host end's lookup, in one send
+        lookup = [links.get_request(ifname=name)] if found is None else []
         root = [tc.root_request(ipr, record.index)] if here else []
-        return [links.get_request(ifname=name), *root, tc.filters_request(index)]
+        return [*lookup, *root, tc.filters_request(index)]
 
     veth, replies = _host_veth_if_any(req, reads)
     with netns.iproute() as ipr:
-        index = ifb.lookup(ipr, name, replies[0] if replies else None)
+        if found is not None:
+            index: int | None = found
+        else:
+            index = ifb.lookup(ipr, name, replies.pop(0) if replies else None)
         if veth is not None and here and veth.index == record.index:
             # recorded_veth's link is the host end, just read: compare the name only
             recorded = record.index if veth.name == record.veth else None
@@ -366,12 +432,11 @@ def delete(req: Request) -> None:
             recorded = recorded_veth(ipr, record)
         host = veth.index if veth is not None else recorded
         # Our ifb exists, so the ingress qdisc is ours if it redirects to it or is still bare.
-        if host is not None and index is not None and \
-                tc.ingress_is_for(ipr, host, index, replies[-1] if replies else None):
-            tc.delete_ingress(ipr, host)
-        root = replies[1] if replies and here else None  # the root qdisc of record.index
-        if recorded is not None and tc.root_kind(ipr, recorded, root) == "tbf":
-            tc.delete_root(ipr, recorded)
+        ingress = host is not None and index is not None and \
+            tc.ingress_is_for(ipr, host, index, replies[-1] if replies else None)
+        root = replies[0] if replies and here else None  # the root qdisc of record.index
+        tbf = recorded is not None and tc.root_kind(ipr, recorded, root) == "tbf"
+        tc.delete_qdiscs(ipr, host if ingress else None, recorded if tbf else None)  # one send
         if index is not None:
             ifb.delete(ipr, name, index)  # looked up above: no second lookup
     shaped.forget(req.network, req.container_id, req.ifname)
