@@ -114,6 +114,37 @@ def test_bridge_mac_is_pinned_as_ports_come_and_go(plugins, host, netns_factory,
     assert host.run("cat", "/sys/class/net/cni0/addr_assign_type").stdout.strip() == "3"
 
 
+def test_an_unpinned_bridge_keeps_the_mac_its_pods_knew(plugins, host, pod, tmp_path) -> None:
+    """Another's bridge, never pinned, follows its lowest port MAC: the new port (a random
+    MAC, lower than fe:ff:...) lowers it as it joins. ADD pins the MAC the bridge had when the
+    ADD found it (as the reference's ensureAddr), not the new port's."""
+    host.run("ip", "link", "add", "cni0", "type", "bridge")
+    host.run("ip", "link", "add", "old0", "address", "fe:ff:ff:ff:ff:fe", "type", "veth",
+             "peer", "name", "old1")
+    host.run("ip", "link", "set", "old0", "master", "cni0", "up")
+    assert host.links()["cni0"]["address"] == "fe:ff:ff:ff:ff:fe"
+    assert host.run("cat", "/sys/class/net/cni0/addr_assign_type").stdout.strip() != "3"
+    out = add(plugins, conf(tmp_path), pod)
+    assert out["interfaces"][0] == {"name": "cni0", "mac": "fe:ff:ff:ff:ff:fe"}, out
+    assert host.links()["cni0"]["address"] == "fe:ff:ff:ff:ff:fe"
+    assert host.run("cat", "/sys/class/net/cni0/addr_assign_type").stdout.strip() == "3"
+
+
+def test_an_unpinned_bridge_whose_ports_left_is_pinned_to_the_new_port(plugins, host, pod,
+                                                                       tmp_path) -> None:
+    """An unpinned bridge whose last port left has MAC 00:00:00:00:00:00, which no link can be
+    given: ADD pins the MAC it has once the new port joined (the port's), as for a new one."""
+    host.run("ip", "link", "add", "cni0", "type", "bridge")
+    host.run("ip", "link", "add", "old0", "type", "veth", "peer", "name", "old1")
+    host.run("ip", "link", "set", "old0", "master", "cni0")
+    host.run("ip", "link", "set", "old0", "nomaster")
+    assert host.links()["cni0"]["address"] == "00:00:00:00:00:00"
+    out = add(plugins, conf(tmp_path), pod)
+    assert out["interfaces"][0] == {"name": "cni0", "mac": out["interfaces"][1]["mac"]}, out
+    assert host.links()["cni0"]["address"] == out["interfaces"][1]["mac"]
+    assert host.run("cat", "/sys/class/net/cni0/addr_assign_type").stdout.strip() == "3"
+
+
 def test_existing_bridge_is_kept(plugins, host, pod, tmp_path) -> None:
     host.run("ip", "link", "add", "cni0", "type", "bridge", "ageing_time", "1234")
     add(plugins, conf(tmp_path), pod)

@@ -9,7 +9,8 @@ Differences from the reference, all deliberate:
   before anything is made, where the reference makes the veth and then fails to print;
 - DEL removes this attachment's masquerade / spoof-check rules by their comment even when
   CNI_NETNS is empty or gone (reference #810), and tolerates configs ADD would refuse;
-- the bridge MAC is pinned on every ADD (after the port joins), not only with isGateway (#805);
+- the bridge MAC is pinned on every ADD (after the port joins), not only with isGateway (#805):
+  to the MAC the ADD found, or for a bridge the ADD made, the one it has once the port joined;
 - ADD returns once the port forwards, not only when it is oper-up (reference #463);
 - ipMasq uses nftables; `ipMasqBackend: "iptables"` is refused (error 2);
 - `nonMasqueradeCIDRs` (not a reference key; ip-masq-agent's name): destinations ipMasq leaves
@@ -245,8 +246,8 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
     bridge.attach(pair.host.name, br, conf.hairpinMode, conf.portIsolation, pair.host.index,
                   enslaved=True)
     # Pinned once it has a port: pinned before, the kernel leaves it in operstate UNKNOWN with
-    # bridge id 0 (the reference's bridge is UP).
-    bridge_mac = bridge.pin_mac(br)
+    # bridge id 0 (the reference's bridge is UP). An existing bridge keeps the MAC ensure read.
+    bridge_mac = bridge.pin_mac(br, as_found=not created)
     bridge.set_vlans(pair.host.name, conf.vlan, conf.vlans, conf.preserveDefaultVlan)
 
     if conf.macspoofchk:
