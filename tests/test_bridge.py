@@ -114,6 +114,37 @@ def test_bridge_mac_is_pinned_as_ports_come_and_go(plugins, host, netns_factory,
     assert host.run("cat", "/sys/class/net/cni0/addr_assign_type").stdout.strip() == "3"
 
 
+def test_an_unpinned_bridge_keeps_the_mac_its_pods_knew(plugins, host, pod, tmp_path) -> None:
+    """Another's bridge, never pinned, follows its lowest port MAC: the new port (a random
+    MAC, lower than fe:ff:...) lowers it as it joins. ADD pins the MAC the bridge had when the
+    ADD found it (as the reference's ensureAddr), not the new port's."""
+    host.run("ip", "link", "add", "cni0", "type", "bridge")
+    host.run("ip", "link", "add", "old0", "address", "fe:ff:ff:ff:ff:fe", "type", "veth",
+             "peer", "name", "old1")
+    host.run("ip", "link", "set", "old0", "master", "cni0", "up")
+    assert host.links()["cni0"]["address"] == "fe:ff:ff:ff:ff:fe"
+    assert host.run("cat", "/sys/class/net/cni0/addr_assign_type").stdout.strip() != "3"
+    out = add(plugins, conf(tmp_path), pod)
+    assert out["interfaces"][0] == {"name": "cni0", "mac": "fe:ff:ff:ff:ff:fe"}, out
+    assert host.links()["cni0"]["address"] == "fe:ff:ff:ff:ff:fe"
+    assert host.run("cat", "/sys/class/net/cni0/addr_assign_type").stdout.strip() == "3"
+
+
+def test_an_unpinned_bridge_whose_ports_left_is_pinned_to_the_new_port(plugins, host, pod,
+                                                                       tmp_path) -> None:
+    """An unpinned bridge whose last port left has MAC 00:00:00:00:00:00, which no link can be
+    given: ADD pins the MAC it has once the new port joined (the port's), as for a new one."""
+    host.run("ip", "link", "add", "cni0", "type", "bridge")
+    host.run("ip", "link", "add", "old0", "type", "veth", "peer", "name", "old1")
+    host.run("ip", "link", "set", "old0", "master", "cni0")
+    host.run("ip", "link", "set", "old0", "nomaster")
+    assert host.links()["cni0"]["address"] == "00:00:00:00:00:00"
+    out = add(plugins, conf(tmp_path), pod)
+    assert out["interfaces"][0] == {"name": "cni0", "mac": out["interfaces"][1]["mac"]}, out
+    assert host.links()["cni0"]["address"] == out["interfaces"][1]["mac"]
+    assert host.run("cat", "/sys/class/net/cni0/addr_assign_type").stdout.strip() == "3"
+
+
 def test_existing_bridge_is_kept(plugins, host, pod, tmp_path) -> None:
     host.run("ip", "link", "add", "cni0", "type", "bridge", "ageing_time", "1234")
     add(plugins, conf(tmp_path), pod)
@@ -658,14 +689,14 @@ print(len(sends))
 
 
 @pytest.mark.parametrize(("ranges", "routes", "want"), [
-    (None, None, 3), (DUAL, None, 4), (None, [{"dst": "10.30.0.0/16"}, {"dst": "10.31.0.0/16"}], 3),
-    (DUAL, [{"dst": "10.30.0.0/16"}, {"dst": "fd30::/64"}], 4)])
+    (None, None, 2), (DUAL, None, 2), (None, [{"dst": "10.30.0.0/16"}, {"dst": "10.31.0.0/16"}], 2),
+    (DUAL, [{"dst": "10.30.0.0/16"}, {"dst": "fd30::/64"}], 2)])
 def test_check_reads_the_pod_veth_and_its_addresses_in_one_send(plugins, host, pod, tmp_path,
                                                                  ranges, routes, want) -> None:
-    """What a CHECK sends (in-process, as a daemon's child): the pod's veth and the pod's
-    addresses in one send, whatever the number of IPs; the bridge and the host end in one; a
-    route dump per family of the result's routes (the default route of each family, and the
-    IPAM's routes), whatever their number."""
+    """What a CHECK sends (in-process, as a daemon's child): the pod's veth, a lookup of each
+    of the result's routes (the default route of each family, and the IPAM's routes) and the
+    pod's addresses in one send, whatever the number of IPs and routes; the bridge and the
+    host end in one. No route dump when each lookup names its route."""
     import sys
     from pathlib import Path
 
@@ -680,3 +711,26 @@ def test_check_reads_the_pod_veth_and_its_addresses_in_one_send(plugins, host, p
                              check=False)
     assert counted.returncode == 0, counted.stderr
     assert int(counted.stdout) == want
+
+
+def test_check_finds_the_routes_a_lookup_does_not_name(plugins, host, pod, tmp_path) -> None:
+    """CHECK looks each result route up (ip route get fibmatch) in the pod's batch; where the
+    answer is another route (a more specific one covers the address asked, the route is in a
+    table no rule consults), it reads the family's routes as before: same verdicts."""
+    c = conf(tmp_path, ranges=DUAL, isDefaultGateway=True)
+    c["ipam"]["routes"] = [{"dst": "10.30.0.0/16"}, {"dst": "fd30::/64"}]
+    out = add(plugins, c, pod)
+    with_prev = c | {"prevResult": out}
+    plugins.ok("bridge", "CHECK", with_prev, netns=pod.path, path=ipam_path())
+
+    # each lookup's answer is now a more specific route, or the route is off the lookup's path
+    pod.run("ip", "route", "add", "10.30.0.0/24", "via", "10.22.0.1")
+    pod.run("ip", "route", "add", "0.0.0.0/8", "via", "10.22.0.1")
+    pod.run("ip", "-6", "route", "add", "::/1", "via", "fd00:22::1")
+    pod.run("ip", "-6", "route", "del", "fd30::/64")
+    pod.run("ip", "-6", "route", "add", "fd30::/64", "via", "fd00:22::1", "table", "100")
+    plugins.ok("bridge", "CHECK", with_prev, netns=pod.path, path=ipam_path())
+
+    pod.run("ip", "route", "del", "10.30.0.0/16")
+    code, err, _ = run(plugins, "CHECK", with_prev, pod)
+    assert code == 1 and err["msg"] == "Failed to find route '10.30.0.0/16' in container", err

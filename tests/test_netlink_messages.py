@@ -139,6 +139,18 @@ def test_route_reads_are_pyroute2s(batch: Any, address: str) -> None:
                                                                 family=family)
 
 
+@pytest.mark.parametrize(("dst", "address"), [
+    ("10.30.0.0/16", "10.30.0.0"), ("0.0.0.0/0", "0.0.0.1"), ("fd30::/64", "fd30::"),
+    ("::/0", "::")])
+def test_a_route_lookup_is_pyroute2s_fibmatch_get(batch: Any, dst: str, address: str) -> None:
+    msg = routes.lookup_request(dst)
+    assert msg is not None
+    msg.encode()
+    assert [_unnumbered(msg.data)] == pyroute2s(batch, "route", "get", dst=address,
+                                                flags=routes.RTM_F_FIB_MATCH)
+    assert routes.lookup_request("not a network") is None
+
+
 @pytest.mark.parametrize("mtu", [0, 1400])
 @pytest.mark.parametrize("mac", ["", MAC])
 @pytest.mark.parametrize("master", [0, 3])

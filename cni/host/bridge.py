@@ -200,15 +200,23 @@ def port_vlans(ipr, index: int) -> list[dict]:
     return found
 
 
-def pin_mac(br: links.Link) -> str:
+def pin_mac(br: links.Link, as_found: bool = False) -> str:
     """Set the bridge's MAC to itself, once it has a port: otherwise it follows the lowest port
     MAC and changes as ports come and go (reference #805). Pinned while portless, the kernel
     leaves the bridge id at 0 and the bridge in operstate UNKNOWN, so call this after attach.
-    Returns the MAC, which stays the bridge's from now on (a set address is never replaced)."""
+    Returns the MAC, which stays the bridge's from now on (a set address is never replaced).
+
+    `as_found`: `br` is the bridge as this ADD found it (ensure, before the port joined), an
+    existing one: it is pinned to that MAC, with no read first, as the reference's ensureAddr
+    pins its own first read. Pinned already (any ADD of ours pinned it), that is the MAC it
+    still has; never pinned (another's bridge), it keeps the address its pods knew, where the
+    new port may have lowered it. Read now as before: a bridge this ADD made (its MAC is the
+    port's now), or one with no unicast MAC (an unpinned bridge whose ports all left has
+    00:00:00:00:00:00, which the kernel refuses to set)."""
     from cni.host import netns
 
     with netns.iproute() as ipr:
-        current = links.by_index(ipr, br.index)
+        current = br if as_found and _unicast(br.mac) else links.by_index(ipr, br.index)
         if current is None:
             raise _err(f'could not lookup "{br.name}": Link not found')
         try:
@@ -216,6 +224,15 @@ def pin_mac(br: links.Link) -> str:
         except Exception as e:
             raise _err(f"could not set bridge's mac: {e}") from None
         return current.mac
+
+
+def _unicast(mac: str) -> bool:
+    """A MAC a link can be given: six bytes, not multicast, not all zero."""
+    try:
+        octets = bytes.fromhex(mac.replace(":", ""))
+    except ValueError:
+        return False
+    return len(octets) == 6 and not octets[0] & 1 and any(octets)
 
 
 def wait_forwarding(port: str, delays: tuple[float, ...] = (0, 0.05, 0.5, 1, 1)) -> links.Link:

@@ -99,7 +99,8 @@ def together(ipr: IPRoute, requests: list[Any]) -> list[list[Any]]:
     from pyroute2.netlink import rtnl
 
     answer = {rtnl.RTM_GETLINK: rtnl.RTM_NEWLINK, rtnl.RTM_GETQDISC: rtnl.RTM_NEWQDISC,
-              rtnl.RTM_GETTFILTER: rtnl.RTM_NEWTFILTER, rtnl.RTM_GETADDR: rtnl.RTM_NEWADDR}
+              rtnl.RTM_GETTFILTER: rtnl.RTM_NEWTFILTER, rtnl.RTM_GETADDR: rtnl.RTM_NEWADDR,
+              rtnl.RTM_GETROUTE: rtnl.RTM_NEWROUTE}
     wanted = [answer[r["header"]["type"]] for r in requests]  # (a KeyError: not a read here)
     replies = ipr.nlm_request_batch(requests, noraise=True)
     # NetlinkRequest numbered each request's header in place; replies carry that number.

@@ -87,17 +87,30 @@ def _gateways(msg) -> list[str]:
     return found
 
 
-def find(ipr, dst: str, gw: str | None = None, dumped: dict[int, list] | None = None) -> list:
+def find(ipr, dst: str, gw: str | None = None, dumped: dict[int, list] | None = None,
+         looked_up: list | None = None) -> list:
     """Routes (main table and others) to exactly `dst`, through `gw` if given, as
     (dst_len, dst, gateways). `dumped`: the family's dump, kept by family for the next call
-    of the same caller (CHECK's routes: one dump per family, not one per route)."""
+    of the same caller (CHECK's routes: one dump per family, not one per route). `looked_up`:
+    the replies to a lookup_request(dst) already sent (in a dumps.together batch): the route
+    they name, when it is the one asked for; else (another route, none, an error) the dump is
+    read as without them, so they never change the answer."""
     want = ipaddress.ip_network(dst, strict=False)
+    if looked_up:
+        found = _matching(looked_up, want, gw)
+        if found:
+            return found
     family = family_of(dst)
     replies = dumped.get(family) if dumped is not None else None
     if replies is None:
         replies = _request(ipr, family, dump=True)
         if dumped is not None:
             dumped[family] = replies
+    return _matching(replies, want, gw)
+
+
+def _matching(replies: list, want: ipaddress.IPv4Network | ipaddress.IPv6Network,
+              gw: str | None) -> list:
     found = []
     for msg in replies:
         if msg["dst_len"] != want.prefixlen:
@@ -109,6 +122,27 @@ def find(ipr, dst: str, gw: str | None = None, dumped: dict[int, list] | None = 
             continue
         found.append((msg["dst_len"], got, gws))
     return found
+
+
+RTM_F_FIB_MATCH = 0x2000  # include/uapi/linux/rtnetlink.h: answer with the FIB entry matched
+
+
+def lookup_request(dst: str) -> object | None:
+    """`ip route get fibmatch <address>` for dumps.together: the kernel answers with the one
+    route (any table its rules consult) that a lookup of dst's first address matches, which is
+    the route to exactly `dst` unless a more specific route covers that address. The IPv4 zero
+    network asks 0.0.0.1: a lookup of 0.0.0.0 is answered with lo, never from the FIB. None
+    for a dst that does not parse (find says so)."""
+    try:
+        net = ipaddress.ip_network(dst, strict=False)
+    except (TypeError, ValueError):
+        return None
+    address = net.network_address
+    if net.version == 4 and not int(address):
+        address += 1
+    msg = _message_get(family_of(str(net)), ip=address)
+    msg["flags"] = RTM_F_FIB_MATCH
+    return msg
 
 
 def oif_toward(ipr, address: str) -> int | None:
@@ -129,8 +163,17 @@ def _request(ipr, family: int, dump: bool = False,
     """The RTM_NEWROUTE replies to route('dump', family=) (every table's routes of the
     family) or route('get', dst=ip) (the route the kernel picks), asked with the rtmsg those
     build, through dumps.request."""
+    from pyroute2.netlink.rtnl import RTM_NEWROUTE
+
+    return [m for m in dumps.request(ipr, _message_get(family, dump, ip))
+            if m["header"]["type"] == RTM_NEWROUTE]
+
+
+def _message_get(family: int, dump: bool = False,
+                 ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None) -> object:
+    """The rtmsg of route('dump', family=) or route('get', dst=ip)."""
     from pyroute2.netlink import NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST
-    from pyroute2.netlink.rtnl import RTM_GETROUTE, RTM_NEWROUTE
+    from pyroute2.netlink.rtnl import RTM_GETROUTE
     from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
     msg = rtmsg()
@@ -140,4 +183,4 @@ def _request(ipr, family: int, dump: bool = False,
         msg["attrs"] = [["RTA_DST", str(ip)]]
     msg["header"]["type"] = RTM_GETROUTE
     msg["header"]["flags"] = NLM_F_REQUEST | (NLM_F_DUMP if dump else NLM_F_ACK)
-    return [m for m in dumps.request(ipr, msg) if m["header"]["type"] == RTM_NEWROUTE]
+    return msg

@@ -9,7 +9,8 @@ Differences from the reference, all deliberate:
   before anything is made, where the reference makes the veth and then fails to print;
 - DEL removes this attachment's masquerade / spoof-check rules by their comment even when
   CNI_NETNS is empty or gone (reference #810), and tolerates configs ADD would refuse;
-- the bridge MAC is pinned on every ADD (after the port joins), not only with isGateway (#805);
+- the bridge MAC is pinned on every ADD (after the port joins), not only with isGateway (#805):
+  to the MAC the ADD found, or for a bridge the ADD made, the one it has once the port joined;
 - ADD returns once the port forwards, not only when it is oper-up (reference #463);
 - ipMasq uses nftables; `ipMasqBackend: "iptables"` is refused (error 2);
 - `nonMasqueradeCIDRs` (not a reference key; ip-masq-agent's name): destinations ipMasq leaves
@@ -245,8 +246,8 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
     bridge.attach(pair.host.name, br, conf.hairpinMode, conf.portIsolation, pair.host.index,
                   enslaved=True)
     # Pinned once it has a port: pinned before, the kernel leaves it in operstate UNKNOWN with
-    # bridge id 0 (the reference's bridge is UP).
-    bridge_mac = bridge.pin_mac(br)
+    # bridge id 0 (the reference's bridge is UP). An existing bridge keeps the MAC ensure read.
+    bridge_mac = bridge.pin_mac(br, as_found=not created)
     bridge.set_vlans(pair.host.name, conf.vlan, conf.vlans, conf.preserveDefaultVlan)
 
     if conf.macspoofchk:
@@ -426,7 +427,7 @@ def check(req: Request) -> None:
         raise CNIError(Code.INTERNAL, f"interface {req.ifname} in {req.netns} not found in "
                        "prevResult")
 
-    br, cont, host_end, cont_addresses = _check_links(conf, req, br_entry)
+    br, cont, host_end, cont_addresses, looked_up = _check_links(conf, req, br_entry)
     if cont_entry.get("mac") and cont.mac != cont_entry["mac"].lower():
         raise CNIError(Code.INTERNAL, f"Interface {req.ifname} Mac {cont_entry['mac']} doesn't "
                        f"match container Mac: {cont.mac}")
@@ -443,8 +444,8 @@ def check(req: Request) -> None:
                 raise CNIError(Code.INTERNAL, f"Failed to match addr {ipc['address']} on "
                                f"interface {req.ifname}")
         dumped: dict[int, list] = {}  # the routes of a family, dumped once for all its routes
-        for route in prev.get("routes", []):
-            if not routes.find(cipr, route["dst"], route.get("gw"), dumped):
+        for route, replies in zip(prev.get("routes", []), looked_up, strict=True):
+            if not routes.find(cipr, route["dst"], route.get("gw"), dumped, replies):
                 raise CNIError(Code.INTERNAL, f"Failed to find route '{route['dst']}' in "
                                "container")
 
@@ -466,26 +467,36 @@ def check(req: Request) -> None:
 
 
 def _check_links(conf: NetConf, req: Request, br_entry: dict
-                 ) -> tuple[links.Link, links.Link, links.Link | None, list | None]:
+                 ) -> tuple[links.Link, links.Link, links.Link | None, list | None, list]:
     """The bridge (checked against its prevResult entry), the container veth, its host end
-    (None: not there, or not its peer) and the replies of the container namespace's address
-    dump, for addrs.has (None: ask again then). The container veth and that dump are read in
-    one send (dumps.together), then the bridge and the host end in another: the bridge's
-    errors still come first. The dump is of the whole pod namespace (its lo's addresses too),
-    since the veth's index is not known before the lookup's answer, of the IPs' family when
-    they are all of one; addrs.has takes the veth's own. None of the pod's addresses: asked
-    again then, alone, as before; no dump when prevResult has no IPs to check."""
+    (None: not there, or not its peer), the replies of the container namespace's address
+    dump, for addrs.has (None: ask again then), and of a lookup of each prevResult route, for
+    routes.find (None: not asked). The container veth, the route lookups and that dump are
+    read in one send (dumps.together), then the bridge and the host end in another: the
+    bridge's errors still come first. The dump is of the whole pod namespace (its lo's
+    addresses too), since the veth's index is not known before the lookup's answer, of the
+    IPs' family when they are all of one; addrs.has takes the veth's own. None of the pod's
+    addresses: asked again then, alone, as before; no dump when prevResult has no IPs to
+    check. A route the lookup did not name is looked for in a dump, as before."""
     from cni.host import dumps
 
+    wanted = (req.prev_result or {}).get("routes", [])
+    looked_up: list = [None] * len(wanted)
     try:
         asked = [links.get_request(ifname=req.ifname)]
+        lookups = [(i, routes.lookup_request(r.get("dst"))) if isinstance(r, dict) else (i, None)
+                   for i, r in enumerate(wanted)]
+        lookups = [(i, msg) for i, msg in lookups if msg is not None]
+        asked += [msg for _, msg in lookups]
         ips = (req.prev_result or {}).get("ips", [])
         if ips:
-            asked.append(dumps.address_request(0, _family_of(ips)))
+            asked.append(dumps.address_request(0, _family_of(ips)))  # the one dump: last
         with netns.iproute(req.netns_target) as cipr:
             read = dumps.together(cipr, asked)
+        for (i, _), replies in zip(lookups, read[1:], strict=False):
+            looked_up[i] = replies
         cont, failed = peer.container_veth(req.netns_target, req.ifname, read[0]), None
-        addresses = (read[1] or None) if len(read) > 1 else None
+        addresses = (read[-1] or None) if ips else None
     except Exception as e:  # reported after the bridge's own errors, as before
         cont, failed, addresses = None, e, None
     with netns.iproute() as ipr:
@@ -497,7 +508,7 @@ def _check_links(conf: NetConf, req: Request, br_entry: dict
         if cont is None:
             raise failed  # type: ignore[misc]
         host_end = peer.points_back(cont, links.by_index(ipr, cont.peer_index, replies[1]))
-    return br, cont, host_end, addresses
+    return br, cont, host_end, addresses, looked_up
 
 
 def _family_of(ips: list[dict]) -> int:
