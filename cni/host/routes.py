@@ -87,14 +87,19 @@ def _gateways(msg) -> list[str]:
     return found
 
 
-def find(ipr, dst: str, gw: str | None = None, dumped: dict[int, list] | None = None,
-         looked_up: list | None = None) -> list:
+def find(ipr, dst: str, gw: str | None = None, dumped: dict[int, list] | None = None) -> list:
     """Routes (main table and others) to exactly `dst`, through `gw` if given, as
     (dst_len, dst, gateways). `dumped`: the family's dump, kept by family for the next call
-    of the same caller (CHECK's routes: one dump per family, not one per route). `looked_up`:
-    the replies to a lookup_request(dst) already sent (in a dumps.together batch): the route
-    they name, when it is the one asked for; else (another route, none, an error) the dump is
-    read as without them, so they never change the answer."""
+    of the same caller (CHECK's routes: one dump per family, not one per route)."""
+    return find_looked_up(ipr, dst, gw, dumped, None)
+
+
+def find_looked_up(ipr, dst: str, gw: str | None, dumped: dict[int, list] | None,
+                   looked_up: list | None) -> list:
+    """find(), given `looked_up`: the replies to a lookup_request(dst) already sent (in a
+    dumps.together batch): the route they name, when it is the one asked for; else (another
+    route, none, an error) the dump is read as without them, so they never change the
+    answer. (find's own signature is the plugin API's: cni.api.find_routes.)"""
     want = ipaddress.ip_network(dst, strict=False)
     if looked_up:
         found = _matching(looked_up, want, gw)

@@ -445,7 +445,7 @@ def check(req: Request) -> None:
                                f"interface {req.ifname}")
         dumped: dict[int, list] = {}  # the routes of a family, dumped once for all its routes
         for route, replies in zip(prev.get("routes", []), looked_up, strict=True):
-            if not routes.find(cipr, route["dst"], route.get("gw"), dumped, replies):
+            if not routes.find_looked_up(cipr, route["dst"], route.get("gw"), dumped, replies):
                 raise CNIError(Code.INTERNAL, f"Failed to find route '{route['dst']}' in "
                                "container")
 
