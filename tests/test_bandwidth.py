@@ -111,18 +111,18 @@ def test_tbf_numbers_equal_the_reference(plugins, netns_factory, ingress, egress
 
 
 def test_a_tbf_above_2_32_bytes_per_second_keeps_its_rate64_after_other_tc_requests(host) -> None:
-    """tc.add_tbf sends TCA_TBF_RATE64 (pyroute2's tbf options lack it: tc.tbf_message adds
+    """tc.tbf_add_message sends TCA_TBF_RATE64 (pyroute2's tbf options lack it: tc.tbf_message adds
     it) whatever pyroute2 encoded before in the process: an ingress qdisc first, as the
     daemon's warm-up does, once made the rate64 vanish (800 Gbit read back as 9726 Mbit)."""
-    from cni.host import links, netns
+    from cni.host import dumps, links, netns
 
     host.run("ip", "link", "add", "tbfa", "type", "veth", "peer", "name", "tbfb")
     want = tc.tbf_for(800_000 * MBIT, 1_000 * MBIT)
     assert want.rate > 2**32
     with netns.iproute(host.path) as ipr:
-        tc.add_ingress(ipr, links.get(ipr, "tbfb").index)
+        dumps.request(ipr, tc.ingress_message(links.get(ipr, "tbfb").index, delete=False))
         index = links.get(ipr, "tbfa").index
-        tc.add_tbf(ipr, index, want)
+        dumps.request(ipr, tc.tbf_add_message(index, want))
         assert tc.read_tbf(ipr, index) == want
     shown = host.run("tc", "qdisc", "show", "dev", "tbfa").stdout
     assert "rate 800Gbit" in shown, shown

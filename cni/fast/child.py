@@ -344,10 +344,8 @@ def back_home(home: Home) -> bool:
     # and back out cost ~0.3 ms a request of os.environ's key-by-key sets and deletes.
     given = _given_env if _given_env is not None else home.environ
     now_env = dict(os.environ)  # (read at once, not key by key through os.environ.get)
-    if now_env != given:
-        set_environ(given, now_env)
-        if dict(os.environ) != given:
-            return _not_back("its environment cannot be put back as it was given")
+    if now_env != given and set_environ(given, now_env) != given:
+        return _not_back("its environment cannot be put back as it was given")
     ended = end_descendants()
     if ended:
         return _not_back(f"the request left {ended} process(es) (killed and reaped)")

@@ -153,12 +153,8 @@ def iproute(target: int | str | None = None) -> AbstractContextManager[NetlinkSo
         return _new_iproute(target)
     ipr = sockets.get(key)
     if ipr is None:
-        if _carried is not None and _carried[0] == key:
-            ipr = _carried[1]
-            _take_carried()
-        else:
-            ipr = _new_iproute(target)
-        sockets[key] = ipr
+        carried = _take_carried() if _carried is not None and _carried[0] == key else None
+        ipr = sockets[key] = carried if carried is not None else _new_iproute(target)
     return _Borrowed(ipr)
 
 

@@ -207,13 +207,9 @@ def filters_request(index: int) -> Any:
     return dumps.filters_request(index, INGRESS_HANDLE)
 
 
-def add_tbf(ipr: IPRoute, index: int, tbf: Tbf) -> None:
-    """tbf as the root qdisc (handle 1:) of the link; fails if a root qdisc of ours exists."""
-    dumps.request(ipr, tbf_add_message(index, tbf))
-
-
 def tbf_add_message(index: int, tbf: Tbf) -> Any:
-    """add_tbf's request (for dumps.writes too)."""
+    """tbf as the root qdisc (handle 1:) of the link, for dumps.request or dumps.writes: the
+    kernel refuses it (EEXIST) if the link has a root qdisc already."""
     from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
     from pyroute2.netlink.rtnl import RTM_NEWQDISC
 
@@ -255,11 +251,6 @@ def root_kind(ipr: IPRoute, index: int, replies: list[Any] | None = None) -> str
 
 def has_ingress(ipr: IPRoute, index: int) -> bool:
     return _qdisc(ipr, index, TC_H_INGRESS) is not None
-
-
-def add_ingress(ipr: IPRoute, index: int) -> None:
-    """The ingress qdisc (ffff:) on the link."""
-    dumps.request(ipr, ingress_message(index, delete=False))
 
 
 # The requests below are the messages pyroute2's tc() builds for the same calls (the tests
