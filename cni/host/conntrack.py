@@ -37,6 +37,16 @@ def linger_after_reply() -> None:
         _lingering = []
 
 
+def forget_inherited() -> None:
+    """In a forked child (netns.forget_inherited): its sockets closed at once, the parent's
+    lingering ones left to the parent."""
+    global _lingering
+    from cni.host import netns
+
+    netns.keep_referenced(_lingering)
+    _lingering = None
+
+
 def close_lingering() -> None:
     """Close what linger_after_reply kept open (a daemon's child that serves again does so after
     its reply, where its exit would have)."""

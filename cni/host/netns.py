@@ -256,3 +256,26 @@ def one_socket_per_namespace(verb: F) -> F:
         with shared_sockets():
             return verb(*args, **kwargs)
     return run  # type: ignore[return-value]
+
+
+# What a forked child inherited of its parent's sockets (forget_inherited): kept referenced,
+# never closed there, so that no finalizer of theirs runs in the child (closing a pyroute2
+# socket unregisters it from an event loop's epoll set, which parent and child share).
+_inherited: list[object] = []
+
+
+def forget_inherited() -> None:
+    """In a child forked from a process that keeps sockets (a spare running a nested
+    entry-point IPAM: delegate.run_forked): make every socket from now on, as a fresh process
+    would. The parent's kept, carried and shared sockets are its kernel sockets too: a request
+    sent on one here and not read to its end (the child killed) would leave its answer for
+    the parent."""
+    global _kept, _carried, _carry
+    keep_referenced(_kept, _carried, _shared.get())
+    _kept = _carried = None
+    _carry = False
+    _shared.set(None)
+
+
+def keep_referenced(*inherited: object) -> None:
+    _inherited.extend(inherited)

@@ -73,6 +73,15 @@ def drop_contexts() -> None:
         _ctx[_home[0]] = _home[1]
 
 
+def forget_inherited() -> None:
+    """In a forked child (netns.forget_inherited): contexts of its own from now on; the
+    parent's stay referenced, their sockets unclosed (the parent's too)."""
+    global _home
+    netns.keep_referenced(_home, dict(_ctx))
+    _home = None
+    _ctx.clear()
+
+
 def run(script: str) -> None:
     """Apply a script of nft commands as one atomic transaction."""
     nft = _nft()

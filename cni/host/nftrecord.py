@@ -139,6 +139,13 @@ def keep_home_sockets() -> None:
         _kept = (netns.ns_key(), {f: NFTSocket(nfgen_family=NFPROTO[f]) for f in KEPT_FAMILIES})
 
 
+def forget_inherited() -> None:
+    """In a forked child (netns.forget_inherited): NFTSockets of its own from now on."""
+    global _kept
+    netns.keep_referenced(_kept)
+    _kept = None
+
+
 def comments(family: str, table: str, rules: list[tuple[str, int]]) -> list[str | None]:
     """The comment of each (chain, handle) rule ("" without one, None when there is no such
     rule), as the kernel answers for one rule by table, chain and handle (NFT_MSG_GETRULE

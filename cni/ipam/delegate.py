@@ -18,6 +18,7 @@ import json
 import os
 import select
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -173,6 +174,21 @@ def _log(req: Request, text: str) -> None:
 NESTED_TIMEOUT = 60.0  # an entry-point IPAM's call inside its main plugin (under --timeout's 120)
 
 
+# The modules that keep sockets or contexts in a process (a daemon's spare: preload), each with
+# its forget_inherited for a forked child
+_KEEPERS = ("cni.host.netns", "cni.host.nft", "cni.host.nftrecord", "cni.host.conntrack")
+
+
+def _own_sockets() -> None:
+    """In run_forked's child: the IPAM makes its own netlink sockets and nftables contexts; the
+    parent's are the same kernel sockets here, and what the child leaves unread on one (killed
+    mid-request) the parent would read next."""
+    for name in _KEEPERS:
+        module = sys.modules.get(name)
+        if module is not None:
+            module.forget_inherited()
+
+
 def run_forked(call: Callable[[], skel.Reply], what: str,
                timeout: float | None = None) -> skel.Reply:
     """skel.Reply of call() run in a forked child of this process, with a deadline: a nested
@@ -185,6 +201,7 @@ def run_forked(call: Callable[[], skel.Reply], what: str,
         code = 1
         try:
             os.close(r)
+            _own_sockets()
             reply = call()
             data = json.dumps([reply.code, reply.removed, reply.stdout.decode("latin-1"),
                                reply.stderr.decode("latin-1")]).encode()
