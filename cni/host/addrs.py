@@ -10,10 +10,14 @@ import errno
 import ipaddress
 import socket
 import time
-from typing import NamedTuple
+from functools import partial
+from typing import TYPE_CHECKING, NamedTuple
 
 from cni.host import dumps, links, netns, routes, sysctl
 from cni.host.errors import HostError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 IFA_F_NODAD = 0x02
 IFA_F_DADFAILED = 0x08
@@ -82,12 +86,17 @@ def add(ipr, index: int, iface: ipaddress.IPv4Interface | ipaddress.IPv6Interfac
         flags: int = 0) -> None:
     """ip addr add, with the IPv4 `brd` of broadcast() (none given: pyroute2 would add none):
     addr('add', ...)'s RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL (EEXIST if it is there)."""
+    dumps.request(ipr, add_request(index, iface, flags))
+
+
+def add_request(index: int, iface: ipaddress.IPv4Interface | ipaddress.IPv6Interface,
+                flags: int = 0) -> object:
+    """The RTM_NEWADDR add() sends (for a dumps.writes batch)."""
     from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
     from pyroute2.netlink.rtnl import RTM_NEWADDR
 
-    dumps.request(ipr, _message(RTM_NEWADDR, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE
-                                | NLM_F_EXCL, index, iface.ip, iface.network.prefixlen,
-                                broadcast(iface), flags))
+    return _message(RTM_NEWADDR, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, index,
+                    iface.ip, iface.network.prefixlen, broadcast(iface), flags)
 
 
 def delete(ipr, index: int, iface: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> None:
@@ -125,34 +134,77 @@ def configure_iface(ifname: str, ips: list[dict], route_list: list[dict],
 
     `ips` are the result's entries for this interface; a route without gw goes through the
     first gateway of its family. `index`: the interface's, when the caller has it (no lookup).
+
+    The requests go in one send (dumps.writes_redone; two with an IPv6 gateway: DAD settles
+    between the addresses and the routes), in the order they were sent one by one, so a route
+    sees the address and the up before it. The first the kernel refused is sent again alone and
+    gives the error it gave alone; the ones after it were done anyway, but they only touch this
+    interface, which a failed ADD's undo deletes (bridge: the veth).
     """
-    from pyroute2 import NetlinkError
+    from pyroute2.netlink.rtnl import RTM_NEWLINK
 
     with netns.iproute() as ipr:
         link = _link(ipr, ifname, index, f'failed to lookup "{ifname}": Link not found')
-        gws: dict[int, str] = {}
-        v6 = False
-        for ipc in ips:
-            iface = ipaddress.ip_interface(ipc["address"])
-            if iface.version == 6 and not v6:
-                _enable_ipv6(ifname)
-                v6 = True
-            try:
-                add(ipr, link.index, iface)
-            except NetlinkError as e:
-                raise _err(f'failed to add IP addr {ipc["address"]} to "{ifname}": '
-                           f"{e.args[1] if len(e.args) > 1 else e}") from None
-            if ipc.get("gateway"):
-                gws.setdefault(iface.version, ipc["gateway"])
-        links.set_up(ipr, link.index)
-        if 6 in gws:
-            settle(ipr, link.index, ifname)
-        for r in route_list:
-            fam = ipaddress.ip_network(r["dst"], strict=False).version
-            routes.add(ipr, r["dst"], link.index, r.get("gw") or gws.get(fam),
-                       mtu=r.get("mtu", 0), advmss=r.get("advmss", 0),
-                       priority=r.get("priority", 0), table=r.get("table"),
-                       scope=r.get("scope"), ifname=ifname)
+        batch: list[tuple[object, Callable[[], object]]] = []
+        try:
+            gws = _address_requests(ipr, ifname, link.index, ips, batch)
+            batch.append((links.message(RTM_NEWLINK, link.index, flags=links.IFF_UP,
+                                        change=links.IFF_UP),
+                          partial(links.set_up, ipr, link.index)))
+            if 6 in gws:
+                _sent(ipr, batch)
+                settle(ipr, link.index, ifname)
+            for r in route_list:
+                fam = ipaddress.ip_network(r["dst"], strict=False).version
+                args = (r["dst"], link.index, r.get("gw") or gws.get(fam))
+                keys = {"mtu": r.get("mtu", 0), "advmss": r.get("advmss", 0),
+                        "priority": r.get("priority", 0), "table": r.get("table"),
+                        "scope": r.get("scope"), "ifname": ifname}
+                batch.append((routes.add_request(*args, **keys),
+                              partial(routes.add, ipr, *args, **keys)))
+        except Exception:
+            _sent(ipr, batch)  # the requests before it: their errors came first, sent alone
+            raise
+        _sent(ipr, batch)
+
+
+def _address_requests(ipr, ifname: str, index: int, ips: list[dict],
+                      batch: list[tuple[object, Callable[[], object]]]) -> dict[int, str]:
+    """configure_iface's address adds, appended to `batch`; -> the first gateway of each
+    family. IPv6 is enabled on the interface before its first IPv6 address is asked for (an
+    error there is raised after the batch's, as when the addresses were sent one by one)."""
+    gws: dict[int, str] = {}
+    v6 = False
+    for ipc in ips:
+        iface = ipaddress.ip_interface(ipc["address"])
+        if iface.version == 6 and not v6:
+            _enable_ipv6(ifname)
+            v6 = True
+        batch.append((add_request(index, iface),
+                      partial(_add_named, ipr, index, iface, ipc["address"], ifname)))
+        if ipc.get("gateway"):
+            gws.setdefault(iface.version, ipc["gateway"])
+    return gws
+
+
+def _add_named(ipr, index: int, iface: ipaddress.IPv4Interface | ipaddress.IPv6Interface,
+               address: str, ifname: str) -> None:
+    """add(), its error in configure_iface's words."""
+    from pyroute2 import NetlinkError
+
+    try:
+        add(ipr, index, iface)
+    except NetlinkError as e:
+        raise _err(f'failed to add IP addr {address} to "{ifname}": '
+                   f"{e.args[1] if len(e.args) > 1 else e}") from None
+
+
+def _sent(ipr, batch: list[tuple[object, Callable[[], object]]]) -> None:
+    """The batch in one send, each refused request redone alone (its error raised); emptied."""
+    if batch:
+        requests = batch[:]
+        batch.clear()
+        dumps.writes_redone(ipr, requests)
 
 
 def settle(ipr, index: int, ifname: str, timeout: float = SETTLE_SECONDS) -> None:

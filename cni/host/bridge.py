@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import socket
 import time
+from functools import partial
 
 from cni.host import dumps, links, sysctl, veth
 from cni.host.errors import HostError
@@ -120,14 +121,44 @@ def attach(port: str, bridge: links.Link, hairpin: bool, isolated: bool,
             return
         except Exception:
             pass  # one at a time, so that the error names the flag the kernel refused
-        try:
-            dumps.request(ipr, port_request(index, hairpin=hairpin))
-        except Exception as e:
-            raise _err(f"failed to setup hairpin mode for {port}: {e}") from None
-        try:
-            dumps.request(ipr, port_request(index, isolated=isolated))
-        except Exception as e:
-            raise _err(f"failed to set isolated on {port}: {e}") from None
+        _port_flags_one_by_one(ipr, port, index, hairpin, isolated)
+
+
+def _port_flags_one_by_one(ipr, port: str, index: int, hairpin: bool, isolated: bool) -> None:
+    """attach's flags when the kernel refused them together: each alone, for the error that
+    names the flag it refused."""
+    try:
+        dumps.request(ipr, port_request(index, hairpin=hairpin))
+    except Exception as e:
+        raise _err(f"failed to setup hairpin mode for {port}: {e}") from None
+    try:
+        dumps.request(ipr, port_request(index, isolated=isolated))
+    except Exception as e:
+        raise _err(f"failed to set isolated on {port}: {e}") from None
+
+
+def attach_pinned(port: str, br: links.Link, hairpin: bool, isolated: bool, index: int,
+                  as_found: bool) -> str:
+    """attach(port, br, hairpin, isolated, index, enslaved=True), then pin_mac(br, as_found):
+    -> the MAC. When the pin needs no read first (an existing bridge with a unicast MAC: every
+    ADD but a new bridge's), the port's flags and the bridge's MAC go in one send
+    (dumps.writes_redone), the flags first; each refused one is redone as attach and pin_mac do
+    it, so the errors and their order are theirs. Should the flags be refused, the bridge was
+    pinned all the same: to the MAC it had when this ADD found it, what every ADD on it pins."""
+    from pyroute2.netlink.rtnl import RTM_NEWLINK
+
+    from cni.host import netns
+
+    if not (as_found and _unicast(br.mac)):
+        attach(port, br, hairpin, isolated, index, enslaved=True)
+        return pin_mac(br, as_found)
+    with netns.iproute() as ipr:
+        dumps.writes_redone(ipr, [
+            (port_request(index, hairpin=hairpin, isolated=isolated),
+             partial(_port_flags_one_by_one, ipr, port, index, hairpin, isolated)),
+            (links.message(RTM_NEWLINK, br.index, attrs=(("IFLA_ADDRESS", br.mac),)),
+             partial(_set_mac, ipr, br.index, br.mac))])
+    return br.mac
 
 
 def port_request(index: int, hairpin: bool | None = None, isolated: bool | None = None):
@@ -219,11 +250,15 @@ def pin_mac(br: links.Link, as_found: bool = False) -> str:
         current = br if as_found and _unicast(br.mac) else links.by_index(ipr, br.index)
         if current is None:
             raise _err(f'could not lookup "{br.name}": Link not found')
-        try:
-            links.set_mac(ipr, br.index, current.mac)
-        except Exception as e:
-            raise _err(f"could not set bridge's mac: {e}") from None
+        _set_mac(ipr, br.index, current.mac)
         return current.mac
+
+
+def _set_mac(ipr, index: int, mac: str) -> None:
+    try:
+        links.set_mac(ipr, index, mac)
+    except Exception as e:
+        raise _err(f"could not set bridge's mac: {e}") from None
 
 
 def _unicast(mac: str) -> bool:

@@ -22,6 +22,8 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyroute2 import IPRoute
 
 
@@ -195,3 +197,17 @@ def qdisc(ipr: IPRoute, index: int, parent: int, msg_class: type | None = None) 
             return None
         raise
     return qdisc_in(replies, index)
+
+
+def writes_redone(ipr: IPRoute, requests: list[tuple[Any, Callable[[], Any]]]) -> None:
+    """Write requests that a caller used to send one by one, in order, in one send (writes());
+    then for each the kernel refused, in order, its `redo`: what the caller did with that request
+    alone (sends it again and raises the caller's error for it, or accepts what the kernel says
+    now: an identical route already there...). So the first refusal is reported as it was; the
+    requests after it were done by the kernel all the same (it runs a send's messages whatever
+    became of the ones before): a caller batches only requests whose effects its own undo
+    removes, or that are harmless when a later step fails."""
+    outcomes = writes(ipr, [msg for msg, _ in requests])
+    for (_, redo), got in zip(requests, outcomes, strict=True):
+        if got is None:
+            redo()

@@ -25,6 +25,22 @@ def add(ipr, dst: str, oif: int, gw: str | None = None, *, mtu: int = 0, advmss:
     route) instead of failing with EEXIST. An identical route already there is fine."""
     from pyroute2 import NetlinkError
 
+    msg = add_request(dst, oif, gw, mtu=mtu, advmss=advmss, priority=priority, table=table,
+                      scope=scope, ifname=ifname)
+    try:
+        dumps.request(ipr, msg)
+    except NetlinkError as e:
+        if e.code == errno.EEXIST and find(ipr, dst, gw):
+            return
+        raise HostError(f"failed to add route '{dst} via {gw} dev {ifname}': "
+                       f"{e.args[1] if len(e.args) > 1 else e}") from None
+
+
+def add_request(dst: str, oif: int, gw: str | None = None, *, mtu: int = 0, advmss: int = 0,
+                priority: int = 0, table: int | None = None, scope: int | None = None,
+                ifname: str = "") -> object:
+    """The RTM_NEWROUTE add() sends (for a dumps.writes_redone batch, whose redo is add()
+    itself); a dst or gw that does not parse is add()'s HostError."""
     try:
         net = ipaddress.ip_network(dst, strict=False)
         gateway = ipaddress.ip_address(gw) if gw else None
@@ -33,15 +49,8 @@ def add(ipr, dst: str, oif: int, gw: str | None = None, *, mtu: int = 0, advmss:
     except ValueError as e:
         raise HostError(f"failed to add route '{dst} via {gw} dev {ifname}': {e}") from None
     # proto boot, as the reference's netlink library leaves it (pyroute2 would say static).
-    msg = _message(net, oif, gateway, mtu, advmss, priority, 254 if table is None else table,
-                   scope or 0)
-    try:
-        dumps.request(ipr, msg)
-    except NetlinkError as e:
-        if e.code == errno.EEXIST and find(ipr, dst, gw):
-            return
-        raise HostError(f"failed to add route '{dst} via {gw} dev {ifname}': "
-                       f"{e.args[1] if len(e.args) > 1 else e}") from None
+    return _message(net, oif, gateway, mtu, advmss, priority, 254 if table is None else table,
+                    scope or 0)
 
 
 def _message(net: ipaddress.IPv4Network | ipaddress.IPv6Network, oif: int,

@@ -243,11 +243,11 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
 
     pair = veth.create(req.netns_target, req.ifname, conf.mtu, conf.mac, master=br.index)
     undo.push("veth", lambda: veth.delete_host_end(pair.host.name))
-    bridge.attach(pair.host.name, br, conf.hairpinMode, conf.portIsolation, pair.host.index,
-                  enslaved=True)
-    # Pinned once it has a port: pinned before, the kernel leaves it in operstate UNKNOWN with
-    # bridge id 0 (the reference's bridge is UP). An existing bridge keeps the MAC ensure read.
-    bridge_mac = bridge.pin_mac(br, as_found=not created)
+    # The port's flags, then the bridge's MAC pinned once it has a port: pinned before, the
+    # kernel leaves it in operstate UNKNOWN with bridge id 0 (the reference's bridge is UP). An
+    # existing bridge keeps the MAC ensure read (both in one send then).
+    bridge_mac = bridge.attach_pinned(pair.host.name, br, conf.hairpinMode,
+                                      conf.portIsolation, pair.host.index, as_found=not created)
     bridge.set_vlans(pair.host.name, conf.vlan, conf.vlans, conf.preserveDefaultVlan)
 
     if conf.macspoofchk:
