@@ -592,7 +592,7 @@ from cni import skel
 from cni.host import bridge
 from cni.spec.errors import CNIError
 
-def stuck(port, delays=()):
+def stuck(port, delays=(), read=None):
     raise CNIError(999, "bridge port in error state: injected")
 
 bridge.wait_forwarding = stuck  # the last ADD step: everything else was done by then

@@ -152,3 +152,17 @@ def test_a_refused_port_flag_or_mac_pin_is_the_error_it_was_alone(
     assert out["code"] == 999 and re.fullmatch(msg, out["msg"]), out
     nothing_left(host, pod, tmp_path)
     assert host.links()["cni0"]["address"] == mac
+
+
+def test_a_port_not_forwarding_when_read_with_the_gateway_is_waited_for_as_before(
+        plugins, host, pod, tmp_path) -> None:
+    # With isGateway the host end is first read in the send of the bridge's address dump, once
+    # the pod's end is up: a port that is not forwarding there is polled as before. On a
+    # bridge running STP the port listens, then learns, for forward_delay each (2 s at least):
+    # longer than the wait, so the ADD fails with the port's state, and is undone.
+    host.run("ip", "link", "add", "cni0", "type", "bridge", "stp_state", "1",
+             "forward_delay", "2")
+    c = conf(tmp_path, ipMasq=True)
+    code, out, _ = plugins.exec("bridge", "ADD", c, netns=pod.path, path=ipam_path())
+    assert code == 1 and (out["code"], out["msg"]) == (999, "bridge port in error state: UP")
+    nothing_left(host, pod, tmp_path)

@@ -230,16 +230,31 @@ def ensure_gateway(ifname: str, cidr: str, force: bool, index: int = 0) -> None:
     IPv6: several addresses are fine unless their subnets overlap (then the same rule).
     `index`: the interface's, when the caller has it (no lookup).
     """
+    ensure_gateway_reading(ifname, cidr, force, index, [])
+
+
+def ensure_gateway_reading(ifname: str, cidr: str, force: bool, index: int,
+                           reads: list[object]) -> list[list]:
+    """ensure_gateway(), with `reads` (read requests of this namespace, e.g.
+    links.get_request) sent in the same send as its address dump, before it (dumps.together:
+    no dump among them) -> their replies, each as together() gives it (none: ask alone again).
+    Without an `index`, or `reads`, ensure_gateway's own requests only (and no replies)."""
     from pyroute2 import NetlinkError
 
     want = ipaddress.ip_interface(cidr)
     family = socket.AF_INET if want.version == 4 else socket.AF_INET6
     with netns.iproute() as ipr:
         link = _link(ipr, ifname, index, f'could not lookup "{ifname}": Link not found')
-        for address, prefixlen, _ in dumps.address_entries(ipr, link.index, family):
+        read: list[list] = [[] for _ in reads]
+        dumped = None
+        if reads and index:
+            *read, dumped = dumps.together(ipr, [*reads, dumps.address_request(index, family)])
+        # an empty dump (no address of the family, or a refusal) is asked again alone
+        for address, prefixlen, _ in dumps.address_entries(ipr, link.index, family,
+                                                          dumped or None):
             have = ipaddress.ip_interface(f"{address}/{prefixlen}")
             if have == want:
-                return
+                return read
             if have.is_link_local and want.version == 6:
                 continue
             if (want.version == 4 or want.ip in have.network or have.ip in want.network):
@@ -253,6 +268,7 @@ def ensure_gateway(ifname: str, cidr: str, force: bool, index: int = 0) -> None:
         except NetlinkError as e:
             if e.code != errno.EEXIST:
                 raise _err(f'could not add IP address to "{ifname}": {e}') from None
+        return read
 
 
 class _Known(NamedTuple):

@@ -270,11 +270,18 @@ def _unicast(mac: str) -> bool:
     return len(octets) == 6 and not octets[0] & 1 and any(octets)
 
 
-def wait_forwarding(port: str, delays: tuple[float, ...] = (0, 0.05, 0.5, 1, 1)) -> links.Link:
+def wait_forwarding(port: str, delays: tuple[float, ...] = (0, 0.05, 0.5, 1, 1),
+                    read: list | None = None) -> links.Link:
     """Wait until the port is oper-up and forwarding, so traffic flows when ADD returns
-    (reference #463)."""
+    (reference #463). `read`: the replies to a links.get_request(ifname=port) sent in another
+    send (dumps.together) after the pod's end went up: the port as they show it, when it is up
+    and forwarding there (the usual case: no request of its own); else read as without them."""
     from cni.host import netns
 
+    if read:
+        link = links.from_message(read[0], port_state=True)
+        if link.name == port and _forwarding(link):
+            return link
     with netns.iproute() as ipr:
         link = None
         for delay in delays:
@@ -282,10 +289,15 @@ def wait_forwarding(port: str, delays: tuple[float, ...] = (0, 0.05, 0.5, 1, 1))
             link = links.get(ipr, port, port_state=True)
             if link is None:
                 raise _err(f"failed to lookup {port!r}")
-            state = link.port_state if link.master else BR_STATE_FORWARDING
-            if link.operstate == "UP" and state == BR_STATE_FORWARDING:
+            if _forwarding(link):
                 return link
         raise _err(f"bridge port in error state: {link.operstate if link else 'missing'}")
+
+
+def _forwarding(link: links.Link) -> bool:
+    """Oper-up, and forwarding if it is a port (a port freed meanwhile forwards as any link)."""
+    state = link.port_state if link.master else BR_STATE_FORWARDING
+    return link.operstate == "UP" and state == BR_STATE_FORWARDING
 
 
 def ensure_vlan_interface(bridge: links.Link, vlan: int,

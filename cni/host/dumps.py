@@ -76,11 +76,12 @@ def addresses(ipr: IPRoute, index: int, replies: list[Any] | None = None) -> lis
     return found[socket.AF_INET] + found[socket.AF_INET6]
 
 
-def address_entries(ipr: IPRoute, index: int, family: int) -> list[tuple[str, int, int]]:
+def address_entries(ipr: IPRoute, index: int, family: int,
+                    replies: list[Any] | None = None) -> list[tuple[str, int, int]]:
     """The link's addresses of `family` as (IFA_ADDRESS, prefixlen, flags): IFA_FLAGS if the
-    kernel sent it, else ifaddrmsg's 8 bits."""
+    kernel sent it, else ifaddrmsg's 8 bits; `replies`: as address_messages'."""
     found = []
-    for m in address_messages(ipr, index, family):
+    for m in address_messages(ipr, index, family, replies):
         address = m.get_attr("IFA_ADDRESS")
         if address is not None:
             flags = m.get_attr("IFA_FLAGS")

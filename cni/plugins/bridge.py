@@ -265,6 +265,7 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
         "ips": [], "routes": [], "dns": {},
     }
 
+    port_read = None  # the host end's link, read in an earlier send: see setup_gateways
     if is_layer3:
         ipam_result = ipam.add(req, conf.ipam_type)
         undo.push("IPAM reservation", lambda: ipam.delete(req, conf.ipam_type))
@@ -283,8 +284,10 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
             addrs.configure_iface(req.ifname, result["ips"], result["routes"],
                                   pair.container.index)
 
-        if conf.isGateway:
-            setup_gateways(conf, br, gateways, result)
+        if conf.isGateway:  # the port read with the bridge's addresses, after the pod's up
+            read = setup_gateways(conf, br, gateways, result,
+                                  [links.get_request(ifname=pair.host.name)])
+            port_read = read[0] if read else None
 
         if conf.ipMasq:
             undo.push("masquerade rules", lambda: masq.teardown(conf.name, req.ifname,
@@ -296,7 +299,7 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
             links.set_up(cipr, pair.container.index)
 
     if not conf.disableContainerInterface:
-        host = bridge.wait_forwarding(pair.host.name)
+        host = bridge.wait_forwarding(pair.host.name, read=port_read)
     else:
         with netns.iproute() as ipr:
             host = links.get(ipr, pair.host.name)
@@ -343,9 +346,13 @@ def calc_gateways(result: Result, conf: NetConf) -> dict[int, list[str]]:
 
 
 def setup_gateways(conf: NetConf, br: links.Link, gateways: dict[int, list[str]],
-                   result: Result) -> None:
-    """Gateway addresses on the bridge (or its VLAN interface) and forwarding on."""
+                   result: Result, reads: list | None = None) -> list | None:
+    """Gateway addresses on the bridge (or its VLAN interface) and forwarding on. `reads`:
+    read requests of the host namespace sent with the first gateway's address dump of the
+    bridge (addrs.ensure_gateway_reading) -> their replies (None: not sent, VLAN or no
+    gateway)."""
     vlan_iface: links.Link | None = None
+    replies: list | None = None
     for fam in (4, 6):
         for gw in gateways[fam]:
             if conf.vlan:
@@ -357,16 +364,20 @@ def setup_gateways(conf: NetConf, br: links.Link, gateways: dict[int, list[str]]
                 target, index = vlan_iface.name, vlan_iface.index
             else:
                 target, index = br.name, br.index
+            asked = reads if reads and replies is None and not conf.vlan else []
             try:
-                addrs.ensure_gateway(target, gw, conf.forceAddress, index)
+                read = addrs.ensure_gateway_reading(target, gw, conf.forceAddress, index, asked)
             except HostError as e:
                 what = "vlan interface for bridge with addr" if conf.vlan else "bridge addr"
                 raise HostError(f"failed to set {what}: {e}") from None
+            if asked:
+                replies = read
         if gateways[fam]:
             try:
                 addrs.enable_forwarding(fam)
             except OSError as e:
                 raise CNIError(Code.INTERNAL, f"failed to enable forwarding: {e}") from None
+    return replies
 
 
 # --- DEL ------------------------------------------------------------------------------------
