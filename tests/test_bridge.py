@@ -114,10 +114,10 @@ def test_bridge_mac_is_pinned_as_ports_come_and_go(plugins, host, netns_factory,
     assert host.run("cat", "/sys/class/net/cni0/addr_assign_type").stdout.strip() == "3"
 
 
-def test_an_unpinned_bridge_keeps_the_mac_its_pods_knew(plugins, host, pod, tmp_path) -> None:
+def test_an_unpinned_bridge_is_pinned_to_the_mac_it_has_once_the_port_joined(
+        plugins, host, pod, tmp_path) -> None:
     """Another's bridge, never pinned, follows its lowest port MAC: the new port (a random
-    MAC, lower than fe:ff:...) lowers it as it joins. ADD pins the MAC the bridge had when the
-    ADD found it (as the reference's ensureAddr), not the new port's."""
+    MAC, lower than fe:ff:...) lowers it as it joins, and ADD pins the MAC it has then."""
     host.run("ip", "link", "add", "cni0", "type", "bridge")
     host.run("ip", "link", "add", "old0", "address", "fe:ff:ff:ff:ff:fe", "type", "veth",
              "peer", "name", "old1")
@@ -125,9 +125,34 @@ def test_an_unpinned_bridge_keeps_the_mac_its_pods_knew(plugins, host, pod, tmp_
     assert host.links()["cni0"]["address"] == "fe:ff:ff:ff:ff:fe"
     assert host.run("cat", "/sys/class/net/cni0/addr_assign_type").stdout.strip() != "3"
     out = add(plugins, conf(tmp_path), pod)
-    assert out["interfaces"][0] == {"name": "cni0", "mac": "fe:ff:ff:ff:ff:fe"}, out
-    assert host.links()["cni0"]["address"] == "fe:ff:ff:ff:ff:fe"
+    assert out["interfaces"][0] == {"name": "cni0", "mac": out["interfaces"][1]["mac"]}, out
+    assert host.links()["cni0"]["address"] == out["interfaces"][1]["mac"]
     assert host.run("cat", "/sys/class/net/cni0/addr_assign_type").stdout.strip() == "3"
+
+
+def test_adds_at_once_on_a_new_bridge_all_name_the_mac_it_keeps(plugins, host, netns_factory,
+                                                                 tmp_path) -> None:
+    """A node's first pods: ADDs at once on a bridge none has pinned yet. Each pins the MAC it
+    reads just before its pin, and once one has pinned every later read is that MAC: every
+    result names the bridge's MAC, and each pod's CHECK passes (an ADD that pinned the MAC it
+    found before another's port lowered it left results naming a MAC the bridge no longer
+    had). Rounds on a fresh bridge each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    c = conf(tmp_path)
+    pods = [netns_factory("pycni-pod") for _ in range(6)]
+    for round_ in range(4):
+        ids = [f"r{round_}p{i}" for i in range(len(pods))]
+        with ThreadPoolExecutor(len(pods)) as pool:
+            outs = list(pool.map(lambda a: add(plugins, c, a[0], container_id=a[1]),
+                                 zip(pods, ids, strict=True)))
+        mac = host.links()["cni0"]["address"]
+        assert [o["interfaces"][0]["mac"] for o in outs] == [mac] * len(pods), (round_, mac)
+        for p, cid, out in zip(pods, ids, outs, strict=True):
+            plugins.ok("bridge", "CHECK", {**c, "prevResult": out}, container_id=cid,
+                       netns=p.path, path=ipam_path())
+            plugins.ok("bridge", "DEL", c, container_id=cid, netns=p.path, path=ipam_path())
+        host.run("ip", "link", "del", "cni0")
 
 
 def test_an_unpinned_bridge_whose_ports_left_is_pinned_to_the_new_port(plugins, host, pod,

@@ -6,8 +6,12 @@ Error messages follow the reference plugin's wording, so logs read the same afte
 from __future__ import annotations
 
 import errno
+import fcntl
+import os
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 
 from cni.host import dumps, links, sysctl, veth
@@ -137,28 +141,27 @@ def _port_flags_one_by_one(ipr, port: str, index: int, hairpin: bool, isolated: 
         raise _err(f"failed to set isolated on {port}: {e}") from None
 
 
-def attach_pinned(port: str, br: links.Link, hairpin: bool, isolated: bool, index: int,
-                  as_found: bool) -> str:
-    """attach(port, br, hairpin, isolated, index, enslaved=True), then pin_mac(br, as_found):
-    -> the MAC. When the pin needs no read first (an existing bridge with a unicast MAC: every
-    ADD but a new bridge's), the port's flags and the bridge's MAC go in one send
-    (dumps.writes_redone), the flags first; each refused one is redone as attach and pin_mac do
-    it, so the errors and their order are theirs. Should the flags be refused, the bridge was
-    pinned all the same: to the MAC it had when this ADD found it, what every ADD on it pins."""
+def attach_pinned(port: str, br: links.Link, hairpin: bool, isolated: bool, index: int) -> str:
+    """attach(port, br, hairpin, isolated, index, enslaved=True), then pin_mac(br): -> the MAC.
+    The bridge's MAC is read once the port joined, then the port's flags and the pin go in one
+    send (dumps.writes_redone), the flags first; each refused one is redone as attach and
+    pin_mac do it, so the errors and their order are theirs. Should the flags be refused, the
+    bridge was pinned all the same, to the MAC every ADD pins (pin_mac)."""
     from pyroute2.netlink.rtnl import RTM_NEWLINK
 
     from cni.host import netns
 
-    if not (as_found and _unicast(br.mac)):
-        attach(port, br, hairpin, isolated, index, enslaved=True)
-        return pin_mac(br, as_found)
-    with netns.iproute() as ipr:
+    with netns.iproute() as ipr, _pinning(br.name):
+        current = links.by_index(ipr, br.index)
+        if current is None or not _unicast(current.mac):  # gone, or no MAC to set: as alone
+            attach(port, br, hairpin, isolated, index, enslaved=True)
+            return _pin(ipr, br)
         dumps.writes_redone(ipr, [
             (port_request(index, hairpin=hairpin, isolated=isolated),
              partial(_port_flags_one_by_one, ipr, port, index, hairpin, isolated)),
-            (links.message(RTM_NEWLINK, br.index, attrs=(("IFLA_ADDRESS", br.mac),)),
-             partial(_set_mac, ipr, br.index, br.mac))])
-    return br.mac
+            (links.message(RTM_NEWLINK, br.index, attrs=(("IFLA_ADDRESS", current.mac),)),
+             partial(_set_mac, ipr, br.index, current.mac))])
+    return current.mac
 
 
 def port_request(index: int, hairpin: bool | None = None, isolated: bool | None = None):
@@ -231,27 +234,55 @@ def port_vlans(ipr, index: int) -> list[dict]:
     return found
 
 
-def pin_mac(br: links.Link, as_found: bool = False) -> str:
+def pin_mac(br: links.Link) -> str:
     """Set the bridge's MAC to itself, once it has a port: otherwise it follows the lowest port
     MAC and changes as ports come and go (reference #805). Pinned while portless, the kernel
     leaves the bridge id at 0 and the bridge in operstate UNKNOWN, so call this after attach.
     Returns the MAC, which stays the bridge's from now on (a set address is never replaced).
 
-    `as_found`: `br` is the bridge as this ADD found it (ensure, before the port joined), an
-    existing one: it is pinned to that MAC, with no read first, as the reference's ensureAddr
-    pins its own first read. Pinned already (any ADD of ours pinned it), that is the MAC it
-    still has; never pinned (another's bridge), it keeps the address its pods knew, where the
-    new port may have lowered it. Read now as before: a bridge this ADD made (its MAC is the
-    port's now), or one with no unicast MAC (an unpinned bridge whose ports all left has
-    00:00:00:00:00:00, which the kernel refuses to set)."""
+    The MAC is read just before the pin, and both under the bridge's pin lock (_pinning): ADDs
+    at once on a bridge none has pinned yet (a node's first pods) would otherwise pin different
+    addresses (one read before another's port lowered it, one after), the last one winning, and
+    a pod's result would name a MAC its bridge no longer has (its CHECK fails). Under the lock
+    the first pins what it reads, and every later one reads that."""
     from cni.host import netns
 
-    with netns.iproute() as ipr:
-        current = br if as_found and _unicast(br.mac) else links.by_index(ipr, br.index)
-        if current is None:
-            raise _err(f'could not lookup "{br.name}": Link not found')
-        _set_mac(ipr, br.index, current.mac)
-        return current.mac
+    with netns.iproute() as ipr, _pinning(br.name):
+        return _pin(ipr, br)
+
+
+def _pin(ipr, br: links.Link) -> str:
+    current = links.by_index(ipr, br.index)
+    if current is None:
+        raise _err(f'could not lookup "{br.name}": Link not found')
+    _set_mac(ipr, br.index, current.mac)
+    return current.mac
+
+
+PIN_LOCK_DIR = "/run/pycni/bridge"  # root's (/run is): one lock file per bridge name
+
+
+@contextmanager
+def _pinning(name: str) -> Iterator[None]:
+    """The bridge's pin lock: an flock on PIN_LOCK_DIR/<name in hex>.lock (in the caller's mount
+    namespace, where every ADD on the node runs), held while an ADD reads the MAC and pins it.
+    Without a lock file (no writable /run), the pin goes on unlocked, as before it had one."""
+    path = f"{PIN_LOCK_DIR}/{name.encode().hex()}.lock"
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileNotFoundError:
+            os.makedirs(PIN_LOCK_DIR, mode=0o700, exist_ok=True)
+            fd = os.open(path, flags, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def _set_mac(ipr, index: int, mac: str) -> None:

@@ -9,8 +9,8 @@ Differences from the reference, all deliberate:
   before anything is made, where the reference makes the veth and then fails to print;
 - DEL removes this attachment's masquerade / spoof-check rules by their comment even when
   CNI_NETNS is empty or gone (reference #810), and tolerates configs ADD would refuse;
-- the bridge MAC is pinned on every ADD (after the port joins), not only with isGateway (#805):
-  to the MAC the ADD found, or for a bridge the ADD made, the one it has once the port joined;
+- the bridge MAC is pinned on every ADD (after the port joins), not only with isGateway (#805),
+  to the MAC it has then (read just before: ADDs at once on a new bridge pin the same one);
 - ADD returns once the port forwards, not only when it is oper-up (reference #463);
 - ipMasq uses nftables; `ipMasqBackend: "iptables"` is refused (error 2);
 - `nonMasqueradeCIDRs` (not a reference key; ip-masq-agent's name): destinations ipMasq leaves
@@ -244,10 +244,9 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
     pair = veth.create(req.netns_target, req.ifname, conf.mtu, conf.mac, master=br.index)
     undo.push("veth", lambda: veth.delete_host_end(pair.host.name))
     # The port's flags, then the bridge's MAC pinned once it has a port: pinned before, the
-    # kernel leaves it in operstate UNKNOWN with bridge id 0 (the reference's bridge is UP). An
-    # existing bridge keeps the MAC ensure read (both in one send then).
+    # kernel leaves it in operstate UNKNOWN with bridge id 0 (the reference's bridge is UP).
     bridge_mac = bridge.attach_pinned(pair.host.name, br, conf.hairpinMode,
-                                      conf.portIsolation, pair.host.index, as_found=not created)
+                                      conf.portIsolation, pair.host.index)
     bridge.set_vlans(pair.host.name, conf.vlan, conf.vlans, conf.preserveDefaultVlan)
 
     if conf.macspoofchk:
