@@ -632,7 +632,7 @@ import json, subprocess, sys
 from cni import skel
 from cni.host import bridge
 
-pinned_then = bridge.set_vlans  # the step right after pin_mac
+pinned_then = bridge.set_vlans  # the step right after attach_pinned
 
 def and_udev(*args, **kwargs):
     # What systemd-udevd's MACAddressPolicy=persistent does to a device it has just been told

@@ -6,7 +6,6 @@ Error messages follow the reference plugin's wording, so logs read the same afte
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import socket
 import time
@@ -142,11 +141,12 @@ def _port_flags_one_by_one(ipr, port: str, index: int, hairpin: bool, isolated: 
 
 
 def attach_pinned(port: str, br: links.Link, hairpin: bool, isolated: bool, index: int) -> str:
-    """attach(port, br, hairpin, isolated, index, enslaved=True), then pin_mac(br): -> the MAC.
-    The bridge's MAC is read once the port joined, then the port's flags and the pin go in one
-    send (dumps.writes_redone), the flags first; each refused one is redone as attach and
-    pin_mac do it, so the errors and their order are theirs. Should the flags be refused, the
-    bridge was pinned all the same, to the MAC every ADD pins (pin_mac)."""
+    """attach(port, br, hairpin, isolated, index, enslaved=True), then the bridge's MAC pinned
+    (_pin): -> the MAC. Under the bridge's pin lock (_pinning), its MAC is read once the port
+    joined, then the port's flags and the pin go in one send (dumps.writes_redone), the flags
+    first; each refused one is redone as attach and _pin do it, so the errors and their order
+    are theirs. Should the flags be refused, the bridge was pinned all the same, to the MAC
+    every ADD pins."""
     from pyroute2.netlink.rtnl import RTM_NEWLINK
 
     from cni.host import netns
@@ -234,24 +234,12 @@ def port_vlans(ipr, index: int) -> list[dict]:
     return found
 
 
-def pin_mac(br: links.Link) -> str:
+def _pin(ipr, br: links.Link) -> str:
     """Set the bridge's MAC to itself, once it has a port: otherwise it follows the lowest port
     MAC and changes as ports come and go (reference #805). Pinned while portless, the kernel
     leaves the bridge id at 0 and the bridge in operstate UNKNOWN, so call this after attach.
     Returns the MAC, which stays the bridge's from now on (a set address is never replaced).
-
-    The MAC is read just before the pin, and both under the bridge's pin lock (_pinning): ADDs
-    at once on a bridge none has pinned yet (a node's first pods) would otherwise pin different
-    addresses (one read before another's port lowered it, one after), the last one winning, and
-    a pod's result would name a MAC its bridge no longer has (its CHECK fails). Under the lock
-    the first pins what it reads, and every later one reads that."""
-    from cni.host import netns
-
-    with netns.iproute() as ipr, _pinning(br.name):
-        return _pin(ipr, br)
-
-
-def _pin(ipr, br: links.Link) -> str:
+    Under _pinning, as attach_pinned's own pin."""
     current = links.by_index(ipr, br.index)
     if current is None:
         raise _err(f'could not lookup "{br.name}": Link not found')
@@ -264,25 +252,23 @@ PIN_LOCK_DIR = "/run/pycni/bridge"  # root's (/run is): one lock file per bridge
 
 @contextmanager
 def _pinning(name: str) -> Iterator[None]:
-    """The bridge's pin lock: an flock on PIN_LOCK_DIR/<name in hex>.lock (in the caller's mount
-    namespace, where every ADD on the node runs), held while an ADD reads the MAC and pins it.
-    Without a lock file (no writable /run), the pin goes on unlocked, as before it had one."""
-    path = f"{PIN_LOCK_DIR}/{name.encode().hex()}.lock"
-    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    """The bridge's pin lock (lockfile.take of PIN_LOCK_DIR/<name in hex>.lock), held while an
+    ADD reads the MAC and pins it. ADDs at once on a bridge none has pinned yet (a node's first
+    pods) would otherwise pin different addresses (one read before another's port lowered it,
+    one after), the last one winning, and a pod's result would name a MAC its bridge no longer
+    has (its CHECK fails): under the lock the first pins what it reads, and every later one
+    reads that. Without a lock file (no writable /run), the pin goes on unlocked."""
+    from cni.host import lockfile
+
     try:
-        try:
-            fd = os.open(path, flags, 0o600)
-        except FileNotFoundError:
-            os.makedirs(PIN_LOCK_DIR, mode=0o700, exist_ok=True)
-            fd = os.open(path, flags, 0o600)
+        fd: int | None = lockfile.take(f"{PIN_LOCK_DIR}/{name.encode().hex()}.lock")
     except OSError:
-        yield
-        return
+        fd = None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)  # releases the flock
+        if fd is not None:
+            os.close(fd)  # releases the flock
 
 
 def _set_mac(ipr, index: int, mac: str) -> None:

@@ -25,13 +25,12 @@ changed meanwhile). Nothing here knows CNI.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import ipaddress
 import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import NamedTuple
 
 from cni.host import nft, procfs
@@ -245,18 +244,12 @@ def _apply(where: Filter, script: Callable[[list[str]], list[str]]) -> None:
                 raise
 
 
-@contextlib.contextmanager
-def _locked() -> Iterator[None]:
+def _locked() -> contextlib.AbstractContextManager[None]:
     """pycni's iptables changes one at a time: iptables-nft-restore replays a batch whose
     table changed while it ran, so two first ADDs racing could each insert the FORWARD jump."""
-    os.makedirs(LOCK_DIR, mode=0o700, exist_ok=True)
-    fd = os.open(os.path.join(LOCK_DIR, LOCK),
-                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the flock
+    from cni.host import lockfile
+
+    return lockfile.held(os.path.join(LOCK_DIR, LOCK))
 
 
 def missing(where: Filter, ips: list[str], admin: str) -> str | None:

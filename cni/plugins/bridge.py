@@ -305,7 +305,7 @@ def _add_steps(req: Request, conf: NetConf, is_layer3: bool, undo: Undo) -> Resu
         if host is None:
             raise HostError(f"failed to lookup {pair.host.name!r}")
     # The host end's MAC can change as the port comes up: report it now. The bridge's is
-    # pinned (pin_mac), but one this ADD created may still be given another address by udev
+    # pinned (attach_pinned), but one this ADD created may still be given another address by udev
     # (systemd's MACAddressPolicy=persistent rewrites a new device's MAC once it has handled
     # its uevent, which can be after the pin): read again then, as the reference always does.
     result["interfaces"][1]["mac"] = host.mac
