@@ -759,3 +759,31 @@ def test_check_finds_the_routes_a_lookup_does_not_name(plugins, host, pod, tmp_p
     pod.run("ip", "route", "del", "10.30.0.0/16")
     code, err, _ = run(plugins, "CHECK", with_prev, pod)
     assert code == 1 and err["msg"] == "Failed to find route '10.30.0.0/16' in container", err
+
+
+@pytest.mark.root
+def test_nobody_can_neither_make_nor_take_a_bridge_pin_lock() -> None:
+    """/run/pycni is root's: a caller that is not root cannot make the pin lock's file, nor
+    open root's to wait on it; its pin goes on unlocked (it can change no bridge anyway)."""
+    import os
+    import stat
+    from pathlib import Path
+
+    from test_daemon import as_nobody
+
+    from cni.host import bridge as host_bridge
+
+    path = Path(f"{host_bridge.PIN_LOCK_DIR}/{b'nobodybr0'.hex()}.lock")
+
+    def pin() -> bytes:
+        with host_bridge._pinning("nobodybr0"):
+            return b"pinned"
+
+    assert as_nobody(pin) == b"pinned" and not path.exists()
+    try:
+        with host_bridge._pinning("nobodybr0"):  # root's: made and held
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.stat().st_uid == 0
+            assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+            assert as_nobody(pin) == b"pinned"  # no wait on root's lock: it cannot open it
+    finally:
+        os.unlink(path)
