@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import os
 import re
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from clients import (
     PAUSE_IMAGE,
     ROOT,
     VENV_PY,
+    Containerd,
     CRIContainerd,
     Node,
     PycniDaemon,
@@ -27,7 +30,7 @@ from clients import (
     leftovers,
     wait_for,
 )
-from cnitest import Netns
+from cnitest import Netns, delete_netns, new_netns
 
 HTTPD = "localhost/pycni-busybox:test"  # conftest's oci_image
 NODE_ADDR = "192.0.2.30"  # the node's own addresses (on its lo); hostPort traffic goes to them
@@ -99,16 +102,62 @@ def node_addresses(node_netns: Netns) -> None:
     node_netns.run("ip", "addr", "add", f"{NODE_ADDR6}/128", "dev", "lo", "nodad")
 
 
+# What containerd never writes once there: content blobs and the unpacked (committed) layers,
+# only ever overlayfs lowerdirs. Its bolt databases, beside them, are written in place.
+IMMUTABLE = ("io.containerd.content.v1.content/blobs",
+             "io.containerd.snapshotter.v1.overlayfs/snapshots")
+
+
+def imported_root(work: Path, images: list[Path]) -> Path:
+    """A containerd root holding `images` (CRI's namespace, unpacked for overlayfs), imported
+    once by a containerd of its own on a throwaway node, then stopped: cri_node(seed=) starts
+    each node's containerd on a copy of it instead of importing them again (pycni's image, a
+    200 MiB layer, takes minutes to digest and unpack under the VM's TCG)."""
+    class SeedContainerd(Containerd):
+        namespace = CRIContainerd.namespace
+
+    for d in ("bin", "conf"):
+        (work / d).mkdir(parents=True, exist_ok=True)
+    ns = new_netns("pycni-seed")
+    node = Node(ns.name, bin_dir=work / "bin", conf_dir=work / "conf", state_dir=work / "cni")
+    with cleanup(node.stop, lambda: delete_netns(ns)):
+        ctrd = SeedContainerd(node, work / "containerd")
+        with cleanup(ctrd.stop):
+            for image in images:
+                ctrd.ctr("images", "import", str(image), timeout=900)
+    return work / "containerd" / "root"
+
+
+def seeded_root(seed: Path, root: Path) -> None:
+    """root (a containerd's, not started yet) as a copy of imported_root's: hard links for
+    what containerd never writes (IMMUTABLE), real copies of everything else, so that each
+    node's containerd has its own databases."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-a", "--link", str(seed), str(root)], check=True, timeout=600)
+    for top, dirs, files in os.walk(root):
+        rel = Path(top).relative_to(root)
+        dirs[:] = [d for d in dirs if str(rel / d) not in IMMUTABLE]
+        for name in files:
+            path = Path(top) / name
+            if path.is_file() and not path.is_symlink():
+                copy = path.with_name(f"{name}.copy")
+                shutil.copy2(path, copy)
+                copy.replace(path)
+
+
 @contextlib.contextmanager
 def cri_node(node_netns: Netns, tmp_path: Path, *, bin_dir: Path, conf_dir: Path,
              images: list[Path], daemon: bool, pycni: Path | None = None,
              env: dict[str, str] | None = None,
-             conf_template: Path | None = None) -> Iterator[CRINode]:
+             conf_template: Path | None = None, seed: Path | None = None) -> Iterator[CRINode]:
     """The node (with NODE_ADDR, NODE_ADDR6 on its lo), containerd with CRI on bin_dir and
     conf_dir (with `pycni daemon` on and in containerd's environment if asked: the checkout's,
     or the given `pycni` executable's, an installed wheel's; else `env` there), the images
-    imported and seen by CRI; everything stopped at exit, pods removed through CRI first."""
+    imported (or, with a seed, imported_root's, its root starting as a copy of that one) and
+    seen by CRI; everything stopped at exit, pods removed through CRI first."""
     def containerd(node: Node, env: dict[str, str] | None) -> CRIContainerd:
+        if seed:
+            seeded_root(seed, tmp_path / "containerd" / "root")
         return CRIContainerd(node, tmp_path / "containerd", cni_bin=bin_dir, cni_conf=conf_dir,
                              sandbox_image=PAUSE_IMAGE, env=env, conf_template=conf_template)
 

@@ -39,6 +39,7 @@ from crinode import (
     CRINode,
     cri_node,
     http_get,
+    imported_root,
     links_of_kind,
     run_web_pod,
     runner_check,
@@ -76,6 +77,15 @@ def pycni_image() -> Path:
     except (RuntimeError, subprocess.CalledProcessError) as e:
         pytest.fail(f"make image failed: {e}")
     return archive
+
+
+@pytest.fixture(scope="module")
+def node_images(pause_image, oci_image, pycni_image, tmp_path_factory) -> Path:
+    """The containerd nodes' images (the pause, the web pod's, pycni's) imported once for the
+    module: each node's containerd starts on a copy of that root (crinode.imported_root)."""
+    need("containerd", "ctr")
+    return imported_root(tmp_path_factory.mktemp("node-images"),
+                         [pause_image, oci_image, pycni_image])
 
 
 def configmap_volume(dest: Path, data: dict[str, str]) -> Path:
@@ -171,7 +181,7 @@ def init_arg(option: str) -> str:
 
 
 @contextlib.contextmanager
-def daemonset_node(node_netns, tmp_path: Path, images: list[Path], *,
+def daemonset_node(node_netns, tmp_path: Path, node_images: Path, *,
                    conf_template: bool = False) -> Iterator[
         tuple[CRINode, dict[str, Path], Path]]:
     """The node (containerd's CRI, empty CNI dirs; with conf_template, its CNI conf_template
@@ -191,8 +201,8 @@ def daemonset_node(node_netns, tmp_path: Path, images: list[Path], *,
     # the node's /run/pycni is `run`: the runtime (and so the forwarder) is told where
     env = {"PYCNI_SOCKET": str(run / "pycni.sock")}
     try:
-        with cri_node(node_netns, tmp_path, bin_dir=bin_dir, conf_dir=conf_dir, images=images,
-                      daemon=False, env=env,
+        with cri_node(node_netns, tmp_path, bin_dir=bin_dir, conf_dir=conf_dir, images=[],
+                      seed=node_images, daemon=False, env=env,
                       conf_template=template if conf_template else None) as n:
             # a node's /run/netns is a shared mount (`ip netns` makes it so): what the
             # manifest's HostToContainer propagation needs (the runtime refuses otherwise)
@@ -204,8 +214,8 @@ def daemonset_node(node_netns, tmp_path: Path, images: list[Path], *,
         shutil.rmtree(run, ignore_errors=True)
 
 
-def test_daemonset_pod_gives_cri_pods_their_network(node_netns, oci_image, pause_image,
-                                                    pycni_image, tmp_path) -> None:
+def test_daemonset_pod_gives_cri_pods_their_network(node_netns, node_images,
+                                                    tmp_path) -> None:
     need("containerd", "ctr", "runc", "nsenter", "unshare", "curl", "tc")
     docs = manifest()
     template = docs["DaemonSet"]["spec"]["template"]
@@ -213,7 +223,7 @@ def test_daemonset_pod_gives_cri_pods_their_network(node_netns, oci_image, pause
 
     assert template["spec"]["containers"][0]["image"] == image.IMAGE
     conf = json.loads(docs["ConfigMap"]["data"][CONFLIST])
-    with daemonset_node(node_netns, tmp_path, [pause_image, oci_image, pycni_image]) as (
+    with daemonset_node(node_netns, tmp_path, node_images) as (
             n, volumes, run):
         n.cri.wait_image(image.IMAGE)
         ds = DaemonSetPod(n, template, volumes, tmp_path / "ds-logs")
@@ -257,7 +267,7 @@ POD_CIDR = "10.244.7.0/24"  # the node's podCIDR, as kube-controller-manager all
 
 
 def test_containerd_conf_template_gives_pods_the_nodes_own_pod_cidr(
-        node_netns, oci_image, pause_image, pycni_image, tmp_path) -> None:
+        node_netns, node_images, tmp_path) -> None:
     """A containerd node whose conf_template is the file the DaemonSet installs: kubelet's
     UpdateRuntimeConfig with the node's podCIDR makes containerd render it (no conflist of the
     ConfigMap's in the way), and a CRI pod gets its address in that CIDR from the daemon in the
@@ -269,7 +279,7 @@ def test_containerd_conf_template_gives_pods_the_nodes_own_pod_cidr(
     template = docs["DaemonSet"]["spec"]["template"]
     cluster_cidr = docs["ConfigMap"]["data"]["cluster-cidr"]
     assert ipaddress.ip_network(POD_CIDR).subnet_of(ipaddress.ip_network(cluster_cidr))
-    with daemonset_node(node_netns, tmp_path, [pause_image, oci_image, pycni_image],
+    with daemonset_node(node_netns, tmp_path, node_images,
                         conf_template=True) as (n, volumes, run):
         conf_dir = volumes["cni-conf"]
         node_template = conf_dir / Path(init_arg("--containerd-template")).name
@@ -348,8 +358,8 @@ def churn(n: CRINode) -> Iterator[list[int]]:
     assert errors == [], errors
 
 
-def test_rolling_update_and_a_node_without_the_daemonset_pod(node_netns, oci_image, pause_image,
-                                                             pycni_image, tmp_path) -> None:
+def test_rolling_update_and_a_node_without_the_daemonset_pod(node_netns, node_images,
+                                                             tmp_path) -> None:
     """A new image's DaemonSet pod started while the old one serves (maxSurge 1), then the old
     one deleted: pods ADDed before keep working and DEL cleanly, calls made all along never
     fail. Then no DaemonSet pod: a call answers 11; the pod back, calls work again."""
@@ -360,7 +370,7 @@ def test_rolling_update_and_a_node_without_the_daemonset_pod(node_netns, oci_ima
     import image
 
     new_ref = f"{image.IMAGE}-next"
-    with daemonset_node(node_netns, tmp_path, [pause_image, oci_image, pycni_image]) as (
+    with daemonset_node(node_netns, tmp_path, node_images) as (
             n, volumes, run):
         n.ctrd.ctr("images", "tag", image.IMAGE, new_ref)  # the new version's image
         n.cri.wait_image(new_ref)
