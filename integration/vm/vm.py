@@ -78,6 +78,19 @@ GUEST_FILES = {
 }
 HOOKS = ('chroot "$1" systemctl enable systemd-networkd ssh',
          'chroot "$1" useradd --create-home --shell /bin/bash --user-group vagrant')
+# Our cnitool (integration/cnitool), built at image time in the image's tree by its own Go and
+# libcni as the guest would build it (the same command and source path as build.sh there), so
+# that the guest's setup step, under TCG, installs it instead of compiling libcni for minutes.
+# Its source is kept beside it: guest.sh builds it anew if the checkout's differs.
+CNITOOL_SRC = ROOT / "integration" / "cnitool" / "cnitool.go"
+CNITOOL_DIR = "/usr/local/lib/pycni-cnitool"
+CNITOOL_HOOKS = (
+    f'mkdir -p "$1/opt/pycni/integration/cnitool" "$1{CNITOOL_DIR}"',
+    f"copy-in {CNITOOL_SRC} /opt/pycni/integration/cnitool",  # (its host path: not in the key)
+    f'chroot "$1" sh -ec "cd /opt/pycni/integration/cnitool && GO111MODULE=off'
+    f' GOPATH=/usr/share/gocode GOCACHE=/tmp/pycni-gocache go build -o {CNITOOL_DIR}/cnitool'
+    f' /opt/pycni/integration/cnitool/cnitool.go && cp cnitool.go {CNITOOL_DIR}/'
+    f' && rm -rf /opt/pycni /tmp/pycni-gocache"')
 # cryptomgr.notests: no crypto self-tests at boot (under TCG on a busy host one ran for minutes,
 # the soft-lockup watchdog firing, before ssh could answer)
 KERNEL_ARGS = "root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet cryptomgr.notests"
@@ -123,6 +136,7 @@ def host_packages(extra: tuple[str, ...] = ()) -> None:
 
 def image_key() -> str:
     text = "\n".join([SUITE, DISK_SIZE, *PACKAGES, *HOOKS,
+                      CNITOOL_HOOKS[0], CNITOOL_HOOKS[2], CNITOOL_SRC.read_text(),
                       *sorted(f"{k}={v}" for k, v in GUEST_FILES.items())])
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -165,7 +179,8 @@ def build_image() -> Path:
     tmp.mkdir(parents=True)
     run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", tmp / "id_ed25519")
     logged("mmdebstrap", "--variant=apt", "--include=" + ",".join(PACKAGES),
-        *(f"--customize-hook={hook}" for hook in HOOKS), SUITE, tree, debian_mirror())
+        *(f"--customize-hook={hook}" for hook in (*HOOKS, *CNITOOL_HOOKS)), SUITE, tree,
+        debian_mirror())
     # mmdebstrap only warns when it cannot unmount the tree's /proc (busy: anything on the host
     # walking the tree at that moment); mkfs -d would then copy a live /proc and fail.
     for mnt in ("dev/pts", "dev", "sys", "proc"):
