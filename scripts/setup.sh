@@ -29,13 +29,25 @@ PY=${PYTHON:-/usr/bin/python3}
 [ -x "$PY" ] || PY=python3
 # PYCNI_WHEELHOUSE=DIR: install the Python packages from DIR only (a machine without PyPI, like
 # the VM of `make vm-test`; `pip download` them elsewhere into DIR).
+# PYCNI_NO_COMPILE=1: no bytecode compiled at install (the VM's TCG took a minute for every
+# module of every package; what runs is compiled at its first import).
 pip_from=()
 [ -z "${PYCNI_WHEELHOUSE:-}" ] || pip_from=(--no-index --find-links "$PYCNI_WHEELHOUSE")
+[ "${PYCNI_NO_COMPILE:-}" != 1 ] || pip_from+=(--no-compile)
 stamp=.venv/.installed
 if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: venv in .venv"
-  [ -x .venv/bin/python ] || "$PY" -m venv .venv
-  .venv/bin/python -m pip install -q "${pip_from[@]}" --upgrade pip >/dev/null 2>&1 || true
+  if [ ! -x .venv/bin/python ] && [ -n "${PYCNI_WHEELHOUSE:-}" ]; then
+    # pip itself from the wheelhouse, run from its wheel: one pip install, not ensurepip's and
+    # then the upgrade to it (most of a minute under the VM's TCG)
+    "$PY" -m venv --without-pip .venv
+    pip_wheel=$(find "$PYCNI_WHEELHOUSE" -maxdepth 1 -name 'pip-*.whl' | sort -V | tail -n1)
+    [ -n "$pip_wheel" ] || { echo "setup: no pip wheel in $PYCNI_WHEELHOUSE"; exit 1; }
+    .venv/bin/python "$pip_wheel/pip" install -q "${pip_from[@]}" pip
+  else
+    [ -x .venv/bin/python ] || "$PY" -m venv .venv
+    .venv/bin/python -m pip install -q "${pip_from[@]}" --upgrade pip >/dev/null 2>&1 || true
+  fi
   .venv/bin/python -m pip install -q "${pip_from[@]}" -e '.[dev]' >/dev/null 2>.venv/pip.log \
     || { cat .venv/pip.log; exit 1; }
   touch "$stamp"
