@@ -37,12 +37,13 @@ pip_from=()
 stamp=.venv/.installed
 if [ ! -x .venv/bin/python ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: venv in .venv"
-  if [ ! -x .venv/bin/python ] && [ -n "${PYCNI_WHEELHOUSE:-}" ]; then
+  pip_wheel=
+  [ -z "${PYCNI_WHEELHOUSE:-}" ] ||
+    pip_wheel=$(find "$PYCNI_WHEELHOUSE" -maxdepth 1 -name 'pip-*.whl' | sort -V | tail -n1)
+  if [ ! -x .venv/bin/python ] && [ -n "$pip_wheel" ]; then
     # pip itself from the wheelhouse, run from its wheel: one pip install, not ensurepip's and
     # then the upgrade to it (most of a minute under the VM's TCG)
     "$PY" -m venv --without-pip .venv
-    pip_wheel=$(find "$PYCNI_WHEELHOUSE" -maxdepth 1 -name 'pip-*.whl' | sort -V | tail -n1)
-    [ -n "$pip_wheel" ] || { echo "setup: no pip wheel in $PYCNI_WHEELHOUSE"; exit 1; }
     .venv/bin/python "$pip_wheel/pip" install -q "${pip_from[@]}" pip
   else
     [ -x .venv/bin/python ] || "$PY" -m venv .venv
