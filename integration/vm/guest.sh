@@ -56,7 +56,7 @@ setup)
   cd "$ROOT" && PYCNI_WHEELHOUSE=/opt/wheelhouse PYCNI_NO_COMPILE=1 scripts/setup.sh
   echo "setup.sh: $(elapsed "$start")s"
   # cnitool: the image's, built there by this node's Go and libcni from the same source, the
-  # way build.sh builds it (vm.py's CNITOOL_HOOKS); built here, minutes under TCG, only if the
+  # way build.sh builds it (vm.py's CNITOOL_HOOKS); built here (18 s idle under TCG) only if the
   # checkout's source is not the image's.
   prebuilt=/usr/local/lib/pycni-cnitool
   if cmp -s "$prebuilt/cnitool.go" "$ROOT/integration/cnitool/cnitool.go"; then
