@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from cni import __version__, deleted, registry
-from cni.host.errors import HostError, NamespaceError
+from cni.host.errors import Busy, HostError, NamespaceError
 from cni.spec import keys, names
 from cni.spec import version as versions
 from cni.spec.errors import CNIError, Code, invalid_config
@@ -146,7 +146,8 @@ def _failed(e: Exception, plugin: str, version: str, err: io.StringIO) -> Reply:
     if isinstance(e, CNIError):
         return Reply(e.to_json(version).encode(), err.getvalue().encode(), 1)
     if isinstance(e, HostError):  # the kernel layer's own: its message as it is
-        code = Code.INVALID_ENV if isinstance(e, NamespaceError) else Code.INTERNAL
+        code = (Code.INVALID_ENV if isinstance(e, NamespaceError) else
+                Code.TRY_AGAIN_LATER if isinstance(e, Busy) else Code.INTERNAL)
         return Reply(CNIError(code, str(e)).to_json(version).encode(),
                      err.getvalue().encode(), 1)
     # never a traceback on stdout: code 999 with what went wrong

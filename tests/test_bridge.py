@@ -761,6 +761,42 @@ def test_check_finds_the_routes_a_lookup_does_not_name(plugins, host, pod, tmp_p
     assert code == 1 and err["msg"] == "Failed to find route '10.30.0.0/16' in container", err
 
 
+_PIN_WAIT_SHORT = """
+import json, sys
+from cni import skel
+from cni.host import bridge
+
+bridge.PIN_WAIT = 0.3  # (30 s by default)
+reply = skel.run("bridge", json.loads(sys.argv[1]), sys.stdin.buffer.read())
+sys.stdout.write(reply.stdout.decode())
+"""
+
+
+def test_an_add_that_waits_too_long_for_the_pin_lock_is_error_11_and_undone(
+        plugins, host, pod, tmp_path) -> None:
+    """Another holds the bridge's pin lock past the wait (a request stuck inside): the ADD
+    fails with 11 naming the bridge and the lock, and takes back its veth and its address;
+    once the lock is free the same ADD works."""
+    from cnitest import ROOT, VENV_PY
+
+    from cni.host import bridge as host_bridge
+
+    c = conf(tmp_path)
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "waits", "CNI_NETNS": pod.path,
+           "CNI_IFNAME": "eth0", "CNI_PATH": ipam_path()}
+    path = f"{host_bridge.PIN_LOCK_DIR}/{b'cni0'.hex()}.lock"
+    with host_bridge._pinning("cni0"):
+        proc = host.run(str(VENV_PY), "-c", _PIN_WAIT_SHORT, json.dumps(env),
+                        input=json.dumps(c), cwd=ROOT, check=False)
+    out = json.loads(proc.stdout)
+    assert out["code"] == 11, out
+    assert out["msg"] == (f"bridge cni0: another ADD has held its MAC pin lock {path} for "
+                          "0.3s; try again later"), out
+    assert reservations(tmp_path) == [] and host_veths(host) == []
+    assert "eth0" not in pod.links()
+    add(plugins, c, pod, container_id="waits")
+
+
 @pytest.mark.root
 def test_nobody_can_neither_make_nor_take_a_bridge_pin_lock() -> None:
     """/run/pycni is root's: a caller that is not root cannot make the pin lock's file, nor

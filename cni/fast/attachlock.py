@@ -22,13 +22,12 @@ then names itself as the holder (vouch); the server lets such a nested call past
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from cni.host import lockfile
 from cni.spec import names
 
 LOCK_DIR = "/run/pycni/attach"
@@ -93,14 +92,16 @@ def acquire(path: str, token: str, wait: float) -> Lock:
     """The lock on `path`, or Lock(None) when a caller of ours holds it; Busy after `wait`."""
     deadline = time.monotonic() + wait
     while True:
-        fd = _open(path)
+        fd = lockfile.open_file(path)
         try:
             st = os.fstat(fd)
-            if not _try(fd):
+            if not lockfile.try_lock(fd):
                 if _held_by_caller(token, st):
                     os.close(fd)
                     return Lock(None, path, token)
-                if not _wait(fd, deadline):
+                # Contention is rare: the daemon's queue serializes its own requests; this
+                # waits out the other daemon's, or the fallback's
+                if not lockfile.wait_lock(fd, deadline):
                     raise Busy(path)
             if _current(st, path):
                 return Lock(fd, path, f"{os.getpid()}:{st.st_dev}:{st.st_ino}")
@@ -146,40 +147,6 @@ def _held_by_caller(token: str, st: os.stat_result) -> bool:
     if rest != f"{st.st_dev}:{st.st_ino}" or not pid.isdigit():
         return False  # no token, or another file's (another attachment, or one since removed)
     return int(pid) == os.getpid() or descends_from(os.getpid(), int(pid))
-
-
-def _open(path: str) -> int:
-    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-    try:
-        return os.open(path, flags, 0o600)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        return os.open(path, flags, 0o600)
-
-
-def _try(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return False
-        raise
-    return True
-
-
-def _wait(fd: int, deadline: float) -> bool:
-    """Poll the lock until `deadline` (flock itself cannot time out without a signal, and the
-    daemon's child keeps SIGALRM as its backstop). Contention is rare: the daemon's queue
-    serializes its own requests; this waits out the other daemon's, or the fallback's."""
-    pause = 0.001
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        time.sleep(min(pause, left))
-        pause = min(pause * 2, 0.05)
-        if _try(fd):
-            return True
 
 
 def _current(st: os.stat_result, path: str) -> bool:

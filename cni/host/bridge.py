@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from functools import partial
 
 from cni.host import dumps, links, sysctl, veth
-from cni.host.errors import HostError
+from cni.host.errors import Busy, HostError
 
 VLAN_PVID = 0x2
 VLAN_UNTAGGED = 0x4
@@ -248,6 +248,9 @@ def _pin(ipr, br: links.Link) -> str:
 
 
 PIN_LOCK_DIR = "/run/pycni/bridge"  # root's (/run is): one lock file per bridge name
+# How long an ADD waits for another's pin (a read and a set: ~1 ms; hundreds of ADDs at once on
+# a small node wait their turns well within it): past it, error 11 and the ADD is undone
+PIN_WAIT = 30.0
 
 
 @contextmanager
@@ -257,13 +260,18 @@ def _pinning(name: str) -> Iterator[None]:
     pods) would otherwise pin different addresses (one read before another's port lowered it,
     one after), the last one winning, and a pod's result would name a MAC its bridge no longer
     has (its CHECK fails): under the lock the first pins what it reads, and every later one
-    reads that. Without a lock file (no writable /run), the pin goes on unlocked."""
+    reads that. Without a lock file (no writable /run), the pin goes on unlocked; held by
+    another for PIN_WAIT, Busy (error 11) names the bridge and the lock."""
     from cni.host import lockfile
 
+    path = f"{PIN_LOCK_DIR}/{name.encode().hex()}.lock"
     try:
-        fd: int | None = lockfile.take(f"{PIN_LOCK_DIR}/{name.encode().hex()}.lock")
+        fd: int | None = lockfile.take(path, PIN_WAIT)
     except OSError:
         fd = None
+    except Busy:
+        raise Busy(f"bridge {name}: another ADD has held its MAC pin lock {path} for "
+                   f"{PIN_WAIT:g}s; try again later") from None
     try:
         yield
     finally:

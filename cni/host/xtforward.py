@@ -58,6 +58,7 @@ _TIMEOUT = 30
 _RETRIES = 3
 LOCK_DIR = "/run/pycni"
 LOCK = "xtforward.lock"
+LOCK_WAIT = 60.0  # for another's iptables run (each bounded by _TIMEOUT): then error 11
 
 
 class XtablesError(HostError):
@@ -249,7 +250,7 @@ def _locked() -> contextlib.AbstractContextManager[None]:
     table changed while it ran, so two first ADDs racing could each insert the FORWARD jump."""
     from cni.host import lockfile
 
-    return lockfile.held(os.path.join(LOCK_DIR, LOCK))
+    return lockfile.held(os.path.join(LOCK_DIR, LOCK), LOCK_WAIT)
 
 
 def missing(where: Filter, ips: list[str], admin: str) -> str | None:
