@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from cni.host import lockfile
+from cni.host.errors import Busy  # the attachment's lock stayed taken for the whole wait
 from cni.spec import names
 
 LOCK_DIR = "/run/pycni/attach"
@@ -42,10 +43,6 @@ class Lock(NamedTuple):
     fd: int | None  # None: a caller of ours holds it (a nested call)
     path: str
     token: str  # ENV's value for what the verb runs
-
-
-class Busy(Exception):
-    """The attachment's lock stayed taken for the whole wait."""
 
 
 def run(runner: Callable[..., Any], plugin: str, env: dict[str, str], stdin: bytes,
