@@ -102,20 +102,24 @@ def one_pod(side: Side, netns: str, daemon_cpu: Callable[[], float] | None,
         run(plugin, "DEL", prev)
 
 
-def crio_sides(tmp: Path, ours: Path, socket: Path,
-               forwarder: Path | None = None) -> list[CrioSide]:
+def crio_sides(tmp: Path, ours: Path, socket: Path, forwarder: Path | None = None,
+               forwarder_socket: Path | None = None) -> list[CrioSide]:
     """v1.9.1 and pycni+daemon (the daemon at `socket`, no fallback) with CRI-O's CNI_ARGS;
-    with `forwarder` (a `pycni install --forwarder` bin dir) pycni+forwarder too, on the same
-    daemon."""
+    with `forwarder` (a `pycni install --forwarder` bin dir) pycni+forwarder too, on the daemon
+    at `forwarder_socket` (else the same daemon)."""
     crio_args = ("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench-1;"
                  f"K8S_POD_INFRA_CONTAINER_ID={'0' * 64};K8S_POD_UID=bench")
-    ours_env = {"CNI_ARGS": crio_args, "PYCNI_SOCKET": str(socket), "PYCNI_SHIM_FALLBACK": "0"}
+
+    def env(at: Path) -> dict[str, str]:
+        return {"CNI_ARGS": crio_args, "PYCNI_SOCKET": str(at), "PYCNI_SHIM_FALLBACK": "0"}
+
     return [
         CrioSide("v1.9.1", REFERENCE_V19, "bref9", "10.96.0.0/16", tmp / "ref9-ipam",
                  env={"CNI_ARGS": crio_args}),
-        CrioSide("pycni+daemon", ours, "bpyd0", "10.99.0.0/16", tmp / "pyd-ipam", env=ours_env),
+        CrioSide("pycni+daemon", ours, "bpyd0", "10.99.0.0/16", tmp / "pyd-ipam",
+                 env=env(socket)),
         *([CrioSide("pycni+forwarder", forwarder, "bpyf0", "10.94.0.0/16", tmp / "pyf-ipam",
-                    env=ours_env)] if forwarder else []),
+                    env=env(forwarder_socket or socket))] if forwarder else []),
     ]
 
 

@@ -1,14 +1,15 @@
 """CPU per pod (issue 38): what one pod's CNI calls cost in CPU, every process summed, pycni with
-its daemon (and, given its bin dir, pycni's forwarder on the same daemon: issue 48) vs the
-reference v1.9.1.
+its daemon (and, given its bin dir, pycni's forwarder: issue 48) vs the reference v1.9.1.
 
 - cnitool (libcni 1.3): one pod's ADD, CHECK and DEL over fullnode.py's chain (bridge +
   host-local, portmap with one hostPort, bandwidth; CAP_ARGS), each side in its own node netns.
 - CRI-O's ADD + CHECK (what RunPodSandbox waits for): the six execs crio_requests.py replays.
 
-Every process is counted through two fresh cgroups v2 (world.Cgroup): one the tools are born in
-(cnitool, the replayed plugin execs, so the shims, the reference's plugins and what they run:
-host-local, nft), one the daemon is born in (its parent, zygote and spares, exited ones too).
+Each side is a node: its own host netns (fullnode.Node), and for pycni's sides its own daemon,
+started in that netns as a node's daemon runs in its host's. Every process is counted through
+fresh cgroups v2 (world.Cgroup): one the tools are born in (cnitool, the replayed plugin execs,
+so the shims, the reference's plugins and what they run: host-local, nft), and one for each
+daemon (its parent, zygote and spares, exited ones too).
 CPU = usage_usec after - before around each pod, read 50 ms after its last call returned (so
 the spare's trip home is in); pycni's figure is both cgroups, the reference's the tools' one.
 The sides interleave, a pod each; the first pod of each side is left out.
@@ -47,29 +48,36 @@ Figures = dict[str, dict[str, list[tuple[float, float]]]]  # row -> side -> (too
 
 
 def measure(tmp: Path, ours_bin: Path, pods: int, fwd_bin: Path | None = None) -> Figures:
-    tools, daemon_cg = Cgroup("tools"), Cgroup("daemon")
+    tools = Cgroup("tools")
     figures: Figures = defaultdict(lambda: defaultdict(list))
-    daemon = None
+    daemons: dict[str, tuple[Daemon, Cgroup]] = {}
     with node_state():
         nodes = [Node(V19, REFERENCE_V19, "cpuref", "10.62.0.0/16", tmp, preexec=tools.join),
                  Node(OURS, ours_bin, "cpupy", "10.63.0.0/16", tmp, preexec=tools.join)]
         if fwd_bin is not None:
             nodes.append(Node(FWD, fwd_bin, "cpufw", "10.64.0.0/16", tmp, preexec=tools.join))
         try:
-            nodes[1].enter()
-            (tmp / "cpu-daemon").mkdir()
             (tmp / "crio").mkdir()
-            daemon = Daemon.start(tmp / "cpu-daemon", daemon_cg)  # the forwarder's too
+            # Each pycni node its own daemon, started in the node's network namespace, as a
+            # node's daemon lives in its host's (systemd; the DaemonSet's hostNetwork): a
+            # caller in another namespace than the daemon's costs each request a setns there
+            # and back and fresh netlink sockets (~5 ms a CRI-O pod), which no node pays.
             for node in nodes[1:]:
-                node.env["PYCNI_SOCKET"] = str(daemon.socket)
+                node.enter()
+                (tmp / f"daemon-{node.host}").mkdir()
+                cgroup = Cgroup(f"daemon-{node.host}")
+                daemons[node.name] = (Daemon.start(tmp / f"daemon-{node.host}", cgroup), cgroup)
+                node.env["PYCNI_SOCKET"] = str(daemons[node.name][0].socket)
             crio: dict[str, CrioSide] = dict(zip(
                 (V19, OURS, FWD)[:len(nodes)],
-                crio_sides(tmp / "crio", ours_bin, daemon.socket, fwd_bin), strict=True))
+                crio_sides(tmp / "crio", ours_bin, daemons[OURS][0].socket, fwd_bin,
+                           daemons[FWD][0].socket if FWD in daemons else None), strict=True))
             for side in crio.values():
                 side.preexec = tools.join
 
             def reader(name: str) -> Callable[[], tuple[float, float]]:
-                return lambda: (tools.cpu_ms(), daemon_cg.cpu_ms() if name != V19 else 0.0)
+                cgroup = daemons[name][1] if name in daemons else None
+                return lambda: (tools.cpu_ms(), cgroup.cpu_ms() if cgroup else 0.0)
 
             for i in range(pods + 1):
                 k = i % len(nodes)
@@ -80,11 +88,11 @@ def measure(tmp: Path, ours_bin: Path, pods: int, fwd_bin: Path | None = None) -
                     cnitool_pod(node, cpu, keep[CNITOOL_ROW][node.name])
                     crio_pod(crio[node.name], cpu, keep[CRIO_ROW][node.name])
         finally:
-            if daemon:
+            for daemon, _ in daemons.values():
                 daemon.stop()
             for node in nodes:
                 node.close()
-            for cg in (tools, daemon_cg):
+            for cg in (tools, *(cgroup for _, cgroup in daemons.values())):
                 cg.remove()
     return figures
 
