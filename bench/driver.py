@@ -8,12 +8,12 @@ each exec's wall time and peak RSS (wait4), and nothing else differs between the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ class Side:
     network: str = "benchnet"
     nftables: bool = False  # ask for the nftables backends (the reference v1.9's ipMasqBackend,
     # portmap's backend; ours only has them, v1.1.1 knows neither key)
-    preexec: Callable[[], None] | None = None  # run in each plugin's child first (cgroup join)
+    cgroup: Any = None  # a world.Cgroup each plugin exec is born in (Cgroup.holding)
 
     def chain(self, index: int) -> list[dict[str, Any]]:
         """The pod chain: loopback, then bridge + host-local, portmap (two ports), bandwidth.
@@ -105,11 +105,11 @@ def run_plugin(side: Side, plugin: str, command: str, stdin: bytes, *, container
         if rss:
             argv = ["/usr/bin/time", "-f", "%M", "-o", report.name, *argv]
         start = time.perf_counter()
-        proc = subprocess.Popen(argv, env=env, bufsize=0, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                preexec_fn=side.preexec)
-        out, err = _exchange(proc, stdin)
-        code = proc.wait()
+        with side.cgroup.holding() if side.cgroup else contextlib.nullcontext():
+            proc = subprocess.Popen(argv, env=env, bufsize=0, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            out, err = _exchange(proc, stdin)
+            code = proc.wait()
         seconds = time.perf_counter() - start
         maxrss = int(report.read().split()[-1]) if rss else 0
     return Exec(plugin, command, code, out, err, seconds, maxrss)

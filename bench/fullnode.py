@@ -25,6 +25,7 @@ Writes a section to bench/RESULTS.md (between markers) when run alone:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -35,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -117,7 +118,7 @@ class Node:
     pods: list[Pod] = field(default_factory=list)
     next_port: int = 10000
     errors: list[str] = field(default_factory=list)
-    preexec: Callable[[], None] | None = None  # run in cnitool's child first (a cgroup's join)
+    cgroup: Any = None  # a world.Cgroup cnitool is born in (Cgroup.holding)
     host: str = ""
     fd: int = -1
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -168,8 +169,9 @@ class Node:
                "NETCONFPATH": str(self.conf_dir), "CNI_PATH": str(self.cni_path),
                "CAP_ARGS": json.dumps(caps), **self.env}
         start = time.perf_counter()
-        proc = subprocess.run([str(CNITOOL), verb, self.network, pod.netns], env=env,
-                              capture_output=True, preexec_fn=self.preexec)
+        with self.cgroup.holding() if self.cgroup else contextlib.nullcontext():
+            proc = subprocess.run([str(CNITOOL), verb, self.network, pod.netns], env=env,
+                                  capture_output=True)
         ms = (time.perf_counter() - start) * 1000
         if proc.returncode != 0:
             self.errors.append(f"{verb} {pod.cid}: exit {proc.returncode}: "

@@ -52,10 +52,10 @@ def measure(tmp: Path, ours_bin: Path, pods: int, fwd_bin: Path | None = None) -
     figures: Figures = defaultdict(lambda: defaultdict(list))
     daemons: dict[str, tuple[Daemon, Cgroup]] = {}
     with node_state():
-        nodes = [Node(V19, REFERENCE_V19, "cpuref", "10.62.0.0/16", tmp, preexec=tools.join),
-                 Node(OURS, ours_bin, "cpupy", "10.63.0.0/16", tmp, preexec=tools.join)]
+        nodes = [Node(V19, REFERENCE_V19, "cpuref", "10.62.0.0/16", tmp, cgroup=tools),
+                 Node(OURS, ours_bin, "cpupy", "10.63.0.0/16", tmp, cgroup=tools)]
         if fwd_bin is not None:
-            nodes.append(Node(FWD, fwd_bin, "cpufw", "10.64.0.0/16", tmp, preexec=tools.join))
+            nodes.append(Node(FWD, fwd_bin, "cpufw", "10.64.0.0/16", tmp, cgroup=tools))
         try:
             (tmp / "crio").mkdir()
             # Each pycni node its own daemon, started in the node's network namespace, as a
@@ -73,7 +73,7 @@ def measure(tmp: Path, ours_bin: Path, pods: int, fwd_bin: Path | None = None) -
                 crio_sides(tmp / "crio", ours_bin, daemons[OURS][0].socket, fwd_bin,
                            daemons[FWD][0].socket if FWD in daemons else None), strict=True))
             for side in crio.values():
-                side.preexec = tools.join
+                side.cgroup = tools
 
             def reader(name: str) -> Callable[[], tuple[float, float]]:
                 cgroup = daemons[name][1] if name in daemons else None
