@@ -8,7 +8,6 @@ each exec's wall time and peak RSS (wait4), and nothing else differs between the
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -17,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from world import Cgroup, born_in
 
 CNI_VERSION = "1.0.0"  # the highest the reference (v1.1.1) speaks
 LIBCNI_VERSION_STDIN = b'{"cniVersion":"1.1.0"}'
@@ -35,7 +36,7 @@ class Side:
     network: str = "benchnet"
     nftables: bool = False  # ask for the nftables backends (the reference v1.9's ipMasqBackend,
     # portmap's backend; ours only has them, v1.1.1 knows neither key)
-    cgroup: Any = None  # a world.Cgroup each plugin exec is born in (Cgroup.holding)
+    cgroup: Cgroup | None = None  # a world.Cgroup each plugin exec is born in (Cgroup.holding)
 
     def chain(self, index: int) -> list[dict[str, Any]]:
         """The pod chain: loopback, then bridge + host-local, portmap (two ports), bandwidth.
@@ -105,7 +106,7 @@ def run_plugin(side: Side, plugin: str, command: str, stdin: bytes, *, container
         if rss:
             argv = ["/usr/bin/time", "-f", "%M", "-o", report.name, *argv]
         start = time.perf_counter()
-        with side.cgroup.holding() if side.cgroup else contextlib.nullcontext():
+        with born_in(side.cgroup):
             proc = subprocess.Popen(argv, env=env, bufsize=0, stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             out, err = _exchange(proc, stdin)

@@ -25,7 +25,6 @@ Writes a section to bench/RESULTS.md (between markers) when run alone:
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
 import json
@@ -45,6 +44,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from world import Cgroup, born_in  # noqa: E402
 
 REFERENCE_V19 = (ROOT / ".." / "shared" / "reference" / "bin").resolve()
 CNITOOL = REFERENCE_V19 / "cnitool"
@@ -118,7 +119,7 @@ class Node:
     pods: list[Pod] = field(default_factory=list)
     next_port: int = 10000
     errors: list[str] = field(default_factory=list)
-    cgroup: Any = None  # a world.Cgroup cnitool is born in (Cgroup.holding)
+    cgroup: Cgroup | None = None  # a world.Cgroup cnitool is born in (Cgroup.holding)
     host: str = ""
     fd: int = -1
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -169,7 +170,7 @@ class Node:
                "NETCONFPATH": str(self.conf_dir), "CNI_PATH": str(self.cni_path),
                "CAP_ARGS": json.dumps(caps), **self.env}
         start = time.perf_counter()
-        with self.cgroup.holding() if self.cgroup else contextlib.nullcontext():
+        with born_in(self.cgroup):
             proc = subprocess.run([str(CNITOOL), verb, self.network, pod.netns], env=env,
                                   capture_output=True)
         ms = (time.perf_counter() - start) * 1000

@@ -11,7 +11,8 @@ fresh cgroups v2 (world.Cgroup): one the tools are born in (cnitool, the replaye
 so the shims, the reference's plugins and what they run: host-local, nft), and one for each
 daemon (its parent, zygote and spares, exited ones too).
 CPU = usage_usec after - before around each pod, read 50 ms after its last call returned (so
-the spare's trip home is in); pycni's figure is both cgroups, the reference's the tools' one.
+the spare's trip home is in); pycni's figure is the tools' and its node's daemon's, the
+reference's the tools' alone.
 The sides interleave, a pod each; the first pod of each side is left out.
 
     .venv/bin/python bench/pod_cpu.py [--pods 10] [--forwarder]   # (root) prints the rows
